@@ -1,0 +1,66 @@
+# Two entry points: `make demo` (the main job on a local test fleet) and `make test` (every test).
+# `make check` is the fast inner loop: lint + unit tests. Each target installs what it needs.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV := .venv
+BIN := $(VENV)/bin
+export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+PLAYBOOKS := $(wildcard playbooks/*.yml)
+SCENARIOS := vllm
+
+.PHONY: help venv host image wheelhouse controller-vllm models fleet-deps lint unit check oracle molecule test demo bench clean
+
+help:
+	@echo "make demo   deploy to a local test fleet and show the result"
+	@echo "make test   every test: lint, unit, oracle (real vLLM), Molecule scenarios ($(SCENARIOS))"
+	@echo "make check  fast loop: lint + unit tests"
+	@echo "make bench  benchmarks (figures, not pass/fail)"
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	touch $@
+venv: $(VENV)/.installed
+
+host:
+	bash scripts/setup-host.sh
+image: host
+	bash scripts/build-image.sh
+wheelhouse:
+	bash scripts/build-wheelhouse.sh
+controller-vllm: wheelhouse
+	bash scripts/build-controller-vllm.sh
+MAKE_MODEL := $(VLLM_FLEET_CACHE)/vllm-venv/bin/python scripts/make_test_model.py
+models: controller-vllm
+	$(MAKE_MODEL) $(VLLM_FLEET_CACHE)/models/tiny-llama
+	# 32 KiB of KV per token and a 64k context: fits a GPU's plan, not the CPU build's 1 GiB KV (fault tests).
+	$(MAKE_MODEL) $(VLLM_FLEET_CACHE)/models/tiny-llama-long --set num_hidden_layers=8 --set num_attention_heads=8 \
+	  --set num_key_value_heads=8 --set head_dim=128 --set hidden_size=256 --set max_position_embeddings=65536
+fleet-deps: image wheelhouse models
+
+lint: venv
+	$(BIN)/yamllint --strict .
+	$(BIN)/ansible-lint --profile production --strict
+	for p in $(PLAYBOOKS); do $(BIN)/ansible-playbook --syntax-check -i inventory.example $$p || exit 1; done
+unit: venv
+	$(BIN)/pytest tests/unit -q
+check: lint unit
+
+oracle: venv controller-vllm
+	$(BIN)/pytest tests/oracle -q -m oracle
+molecule: venv fleet-deps
+	for s in $(SCENARIOS); do $(BIN)/molecule test -s $$s || exit 1; done
+
+test: check oracle molecule
+
+demo: venv fleet-deps
+	bash scripts/demo.sh
+
+bench: venv
+	$(BIN)/python benchmarks/bench_sizing.py
+
+clean:
+	for s in $(SCENARIOS); do $(BIN)/molecule destroy -s $$s || true; done
