@@ -1,0 +1,499 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# MIT License (see the project's LICENSE)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: nvidia_gpu_facts
+short_description: Report a host's NVIDIA GPUs and the compute processes using them
+description:
+  - Runs C(nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,driver_version,compute_cap,mig.mode.current
+    --format=csv,noheader,nounits) and C(nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory
+    --format=csv,noheader,nounits) and returns the result as the facts C(nvidia_gpus) and C(nvidia_gpu_processes)
+    (shapes in C(docs/interfaces.md)).
+  - Values nvidia-smi reports as unavailable (C([N/A]), C([Not Supported]), any other bracketed status) become C(null).
+  - nvidia-smi does not quote its CSV output. A name that contains C(, ) is still read correctly because every
+    other column has a fixed shape.
+  - With O(declared), nvidia-smi is not run at all and the given GPUs are validated and returned instead, so a
+    controller can plan a fleet without touching its hosts (run the task with C(delegate_to=localhost)).
+  - Never changes anything on the host.
+version_added: "1.0.0"
+author:
+  - vllm-fleet maintainers
+options:
+  nvidia_smi_path:
+    description:
+      - Name or path of the nvidia-smi binary. A bare name is looked up in E(PATH) and the usual system directories.
+    type: str
+    default: nvidia-smi
+  query_processes:
+    description:
+      - Also list the compute processes. When V(false), RV(ansible_facts.nvidia_gpu_processes) is an empty list.
+    type: bool
+    default: true
+  declared:
+    description:
+      - GPUs to report instead of querying nvidia-smi.
+      - Each item needs C(name), C(memory_total_mib) and C(compute_capability). C(index) defaults to the position in
+        the list, C(uuid), C(memory_used_mib) and C(driver_version) to C(null), C(mig_mode) to C(Disabled).
+      - An item may carry C(count) to stand for that many identical GPUs (indexes assigned in order).
+      - Unknown keys are an error, so a misspelt key does not silently disappear.
+    type: list
+    elements: dict
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+notes:
+  - Set a task-level C(timeout) if a wedged GPU may make nvidia-smi hang.
+"""
+
+EXAMPLES = r"""
+- name: Read the GPUs of the host
+  nvidia_gpu_facts:
+
+- name: Use a stand-in nvidia-smi on a test host without a GPU
+  nvidia_gpu_facts:
+    nvidia_smi_path: /usr/local/bin/nvidia-smi
+
+- name: Plan from the controller with GPUs declared in the inventory
+  nvidia_gpu_facts:
+    declared:
+      - name: NVIDIA H100 80GB HBM3
+        memory_total_mib: 81559
+        compute_capability: "9.0"
+        count: 8
+  delegate_to: localhost
+  become: false
+
+- name: Show the first GPU
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts.nvidia_gpus[0].name }} with {{ ansible_facts.nvidia_gpus[0].memory_total_mib }} MiB"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: GPU facts.
+  returned: always
+  type: dict
+  contains:
+    nvidia_gpus:
+      description: One dict per GPU, sorted by index.
+      returned: always
+      type: list
+      elements: dict
+      contains:
+        index:
+          description: nvidia-smi C(index).
+          type: int
+        name:
+          description: Product name, e.g. C(NVIDIA A10G).
+          type: str
+        uuid:
+          description: C(GPU-...) identifier; null only for declared GPUs that did not give one.
+          type: str
+        memory_total_mib:
+          description: C(memory.total) in MiB, null when nvidia-smi reports it unavailable.
+          type: int
+        memory_used_mib:
+          description: C(memory.used) in MiB, null when unavailable (e.g. MIG, vGPU).
+          type: int
+        driver_version:
+          description: Loaded kernel driver version, e.g. C(550.144.03).
+          type: str
+        compute_capability:
+          description: C(compute_cap) as C(major.minor), e.g. C(8.6).
+          type: str
+        mig_mode:
+          description: C(Enabled), C(Disabled) or null when the GPU has no MIG support.
+          type: str
+      sample:
+        - index: 0
+          name: NVIDIA A10G
+          uuid: GPU-5e8f3f2a-2b8e-4c2e-9a43-0c1e6a7b9d01
+          memory_total_mib: 23028
+          memory_used_mib: 1
+          driver_version: 550.144.03
+          compute_capability: "8.6"
+          mig_mode: null
+    nvidia_gpu_processes:
+      description: Compute processes, in nvidia-smi's order.
+      returned: always
+      type: list
+      elements: dict
+      contains:
+        gpu_uuid:
+          description: UUID of the GPU the process uses.
+          type: str
+        pid:
+          description: Process id (in the host's pid namespace).
+          type: int
+        process_name:
+          description: Process name, null when nvidia-smi cannot read it.
+          type: str
+        used_memory_mib:
+          description: GPU memory used by the process in MiB, null when unavailable.
+          type: int
+      sample:
+        - gpu_uuid: GPU-5e8f3f2a-2b8e-4c2e-9a43-0c1e6a7b9d01
+          pid: 4242
+          process_name: /opt/vllm/venv/bin/python3
+          used_memory_mib: 20480
+source:
+  description: Where the facts came from, C(nvidia-smi) or C(declared).
+  returned: always
+  type: str
+nvidia_smi:
+  description: Resolved path of the nvidia-smi that was run, null with O(declared).
+  returned: always
+  type: str
+"""
+
+import csv
+import os
+import re
+
+from ansible.module_utils.basic import AnsibleModule
+
+# Column order is part of the interface: the parsers below rely on it.
+GPU_QUERY_FIELDS = (
+    "index",
+    "name",
+    "uuid",
+    "memory.total",
+    "memory.used",
+    "driver_version",
+    "compute_cap",
+    "mig.mode.current",
+)
+PROCESS_QUERY_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
+CSV_FORMAT = "--format=csv,noheader,nounits"
+
+GPU_KEYS = (
+    "index",
+    "name",
+    "uuid",
+    "memory_total_mib",
+    "memory_used_mib",
+    "driver_version",
+    "compute_capability",
+    "mig_mode",
+)
+PROCESS_KEYS = ("gpu_uuid", "pid", "process_name", "used_memory_mib")
+MIG_MODES = {"enabled": "Enabled", "disabled": "Disabled"}
+
+# nvidia-smi exit statuses worth explaining (from its man page, "RETURN VALUE").
+RC_HINTS = {
+    2: "nvidia-smi rejected its arguments; this nvidia-smi may be too old for one of the queried fields",
+    4: "the user running nvidia-smi may not access the GPUs",
+    6: "no GPU was found: check that the GPUs are visible on the PCI bus (lspci) and not excluded",
+    9: (
+        "the NVIDIA kernel driver is not loaded: reboot after installing it, check that nouveau is blacklisted, "
+        "that DKMS built the module for the running kernel (dkms status) and that Secure Boot did not reject it "
+        "(dmesg)"
+    ),
+    12: "the NVML library was not found: the driver's user-space packages are incomplete",
+    15: "a GPU has fallen off the bus: the host needs a reset or hardware check",
+    18: "driver/library version mismatch: the driver packages changed since boot, reboot the host",
+}
+
+_UNAVAILABLE_RE = re.compile(r"^\[[^\]]*\]$")
+_MIB_RE = re.compile(r"^(\d+)(?:\s*MiB)?$")
+_CC_RE = re.compile(r"^\d+\.\d+$")
+NO_PROCESSES_LINES = ("no running processes found",)
+
+
+class NvidiaSmiParseError(ValueError):
+    """nvidia-smi printed something this module cannot read."""
+
+
+def is_unavailable(value):
+    """True for nvidia-smi's placeholders: [N/A], [Not Supported], [Unknown Error], plain N/A..."""
+    value = value.strip()
+    return value in ("", "N/A") or bool(_UNAVAILABLE_RE.match(value))
+
+
+def split_row(line, fields, free_field=None):
+    """Split one unquoted nvidia-smi CSV row into len(fields) values.
+
+    nvidia-smi joins values with ", " and never quotes them, so a value containing ", " yields extra pieces.
+    Those are joined back into free_field, the only column whose content is free text; every other column
+    has a fixed shape. A quoted row (should a future nvidia-smi quote) is read with the csv module.
+    """
+    count = len(fields)
+    if '"' in line:
+        quoted = next(csv.reader([line], skipinitialspace=True))
+        if len(quoted) == count:
+            return [value.strip() for value in quoted]
+    parts = line.split(", ")
+    if len(parts) < count:
+        # Tolerate a bare "," separator.
+        parts = line.split(",")
+    if len(parts) > count and free_field is not None:
+        start = fields.index(free_field)
+        after = count - start - 1
+        end = len(parts) - after
+        parts = parts[:start] + [", ".join(parts[start:end])] + parts[end:]
+    if len(parts) != count:
+        raise NvidiaSmiParseError(
+            "expected %d comma-separated values (%s), got %d in line %r"
+            % (count, ",".join(fields), len(parts), line)
+        )
+    return [part.strip() for part in parts]
+
+
+def _data_lines(text, fields):
+    """Non-empty lines, without a header line should one be present (its first value is the field name)."""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped and stripped.split(",")[0].strip() != fields[0]:
+            yield stripped
+
+
+def _int(value, what, line, nullable):
+    if is_unavailable(value):
+        if nullable:
+            return None
+        raise NvidiaSmiParseError("%s is unavailable (%r) in line %r" % (what, value, line))
+    match = _MIB_RE.match(value)
+    if not match:
+        raise NvidiaSmiParseError("%s is not an integer: %r in line %r" % (what, value, line))
+    return int(match.group(1))
+
+
+def _str(value, what, line, nullable):
+    if is_unavailable(value):
+        if nullable:
+            return None
+        raise NvidiaSmiParseError("%s is unavailable (%r) in line %r" % (what, value, line))
+    return value
+
+
+def parse_mig_mode(value, line=""):
+    if is_unavailable(value):
+        return None
+    try:
+        return MIG_MODES[value.strip().lower()]
+    except KeyError:
+        raise NvidiaSmiParseError("unexpected mig.mode.current %r in line %r" % (value, line))
+
+
+def parse_compute_capability(value, line=""):
+    if is_unavailable(value):
+        return None
+    if not _CC_RE.match(value):
+        raise NvidiaSmiParseError("compute_cap is not major.minor: %r in line %r" % (value, line))
+    return value
+
+
+def parse_gpu_line(line):
+    index, name, uuid, total, used, driver, cc, mig = split_row(line, GPU_QUERY_FIELDS, free_field="name")
+    return {
+        "index": _int(index, "index", line, nullable=False),
+        "name": _str(name, "name", line, nullable=False),
+        "uuid": _str(uuid, "uuid", line, nullable=False),
+        "memory_total_mib": _int(total, "memory.total", line, nullable=True),
+        "memory_used_mib": _int(used, "memory.used", line, nullable=True),
+        "driver_version": _str(driver, "driver_version", line, nullable=False),
+        "compute_capability": parse_compute_capability(cc, line),
+        "mig_mode": parse_mig_mode(mig, line),
+    }
+
+
+def parse_gpu_csv(text):
+    """Facts for `nvidia-smi --query-gpu=<GPU_QUERY_FIELDS> --format=csv,noheader,nounits`, sorted by index."""
+    gpus = [parse_gpu_line(line) for line in _data_lines(text, GPU_QUERY_FIELDS)]
+    gpus.sort(key=lambda gpu: gpu["index"])
+    for key in ("index", "uuid"):
+        values = [gpu[key] for gpu in gpus]
+        duplicates = sorted(set(value for value in values if values.count(value) > 1))
+        if duplicates:
+            raise NvidiaSmiParseError("duplicate GPU %s in nvidia-smi output: %s" % (key, duplicates))
+    return gpus
+
+
+def parse_process_line(line):
+    gpu_uuid, pid, name, used = split_row(line, PROCESS_QUERY_FIELDS, free_field="process_name")
+    return {
+        "gpu_uuid": _str(gpu_uuid, "gpu_uuid", line, nullable=False),
+        "pid": _int(pid, "pid", line, nullable=False),
+        "process_name": _str(name, "process_name", line, nullable=True),
+        "used_memory_mib": _int(used, "used_memory", line, nullable=True),
+    }
+
+
+def parse_process_csv(text):
+    """Facts for `nvidia-smi --query-compute-apps=<PROCESS_QUERY_FIELDS> --format=csv,noheader,nounits`."""
+    return [
+        parse_process_line(line)
+        for line in _data_lines(text, PROCESS_QUERY_FIELDS)
+        if line.lower() not in NO_PROCESSES_LINES
+    ]
+
+
+DECLARED_KEYS = set(GPU_KEYS) | {"count"}
+
+
+def normalize_declared(declared):
+    """Validate GPUs declared in the inventory and return them in the nvidia_gpus shape."""
+    if not isinstance(declared, list):
+        raise ValueError("declared must be a list of GPU dicts, got %s" % type(declared).__name__)
+    gpus = []
+    for position, item in enumerate(declared):
+        where = "declared[%d]" % position
+        if not isinstance(item, dict):
+            raise ValueError("%s must be a dict, got %r" % (where, item))
+        unknown = sorted(set(item) - DECLARED_KEYS)
+        if unknown:
+            raise ValueError("%s has unknown keys %s (allowed: %s)" % (where, unknown, sorted(DECLARED_KEYS)))
+        missing = [key for key in ("name", "memory_total_mib", "compute_capability") if item.get(key) is None]
+        if missing:
+            raise ValueError("%s lacks %s" % (where, ", ".join(missing)))
+        count = item.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError("%s: count must be an integer >= 1, got %r" % (where, count))
+        if count > 1 and (item.get("uuid") is not None or item.get("index") is not None):
+            raise ValueError("%s: count cannot be combined with uuid or index" % where)
+        cc = str(item["compute_capability"])
+        if not _CC_RE.match(cc):
+            raise ValueError(
+                "%s: compute_capability must look like \"8.6\", got %r" % (where, item["compute_capability"])
+            )
+        mig = item.get("mig_mode", "Disabled")
+        if mig is not None:
+            mig = MIG_MODES.get(str(mig).lower())
+            if mig is None:
+                raise ValueError("%s: mig_mode must be Enabled, Disabled or null, got %r" % (where, item["mig_mode"]))
+        for _ in range(count):
+            gpus.append(
+                {
+                    "index": _declared_int(item.get("index", len(gpus)), where, "index", nullable=False),
+                    "name": str(item["name"]),
+                    "uuid": None if item.get("uuid") is None else str(item["uuid"]),
+                    "memory_total_mib": _declared_int(item["memory_total_mib"], where, "memory_total_mib"),
+                    "memory_used_mib": _declared_int(item.get("memory_used_mib"), where, "memory_used_mib"),
+                    "driver_version": None if item.get("driver_version") is None else str(item["driver_version"]),
+                    "compute_capability": cc,
+                    "mig_mode": mig,
+                }
+            )
+    gpus.sort(key=lambda gpu: gpu["index"])
+    indexes = [gpu["index"] for gpu in gpus]
+    if len(set(indexes)) != len(indexes):
+        raise ValueError("declared GPUs have duplicate indexes: %s" % indexes)
+    return gpus
+
+
+def _declared_int(value, where, key, nullable=True):
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("%s: %s must be an integer, got %r" % (where, key, value))
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ValueError("%s: %s must be an integer, got %r" % (where, key, value))
+    if number < 0:
+        raise ValueError("%s: %s must not be negative, got %r" % (where, key, value))
+    return number
+
+
+def gpu_query_command(nvidia_smi):
+    return [nvidia_smi, "--query-gpu=" + ",".join(GPU_QUERY_FIELDS), CSV_FORMAT]
+
+
+def process_query_command(nvidia_smi):
+    return [nvidia_smi, "--query-compute-apps=" + ",".join(PROCESS_QUERY_FIELDS), CSV_FORMAT]
+
+
+def resolve_nvidia_smi(module, name):
+    if os.sep in name:
+        if os.path.isfile(name) and os.access(name, os.X_OK):
+            return name
+        return None
+    return module.get_bin_path(name, required=False, opt_dirs=["/usr/bin", "/usr/sbin", "/usr/local/bin"])
+
+
+def not_installed_message(name):
+    return (
+        "nvidia-smi not found (looked for %r): the NVIDIA driver is not installed on this host. "
+        "Install it (role nvidia_gpu with nvidia_gpu_install_driver: true), point nvidia_gpu_nvidia_smi_path "
+        "(module option nvidia_smi_path) at the binary, or declare the GPUs with nvidia_gpu_declared." % name
+    )
+
+
+def failure_message(cmd, rc, stdout, stderr):
+    # nvidia-smi prints its errors on stdout.
+    output = " ".join((stdout.strip() + " " + stderr.strip()).split()) or "(no output)"
+    message = "%s failed with exit code %s: %s" % (" ".join(cmd), rc, output)
+    if rc in RC_HINTS:
+        message += " (%s)" % RC_HINTS[rc]
+    return message
+
+
+def run_query(module, cmd):
+    rc, stdout, stderr = module.run_command(cmd, environ_update={"LC_ALL": "C"})
+    if rc != 0:
+        module.fail_json(
+            msg=failure_message(cmd, rc, stdout, stderr), rc=rc, cmd=cmd, stdout=stdout, stderr=stderr
+        )
+    return stdout
+
+
+def parse_or_fail(module, parser, cmd):
+    stdout = run_query(module, cmd)
+    try:
+        return parser(stdout)
+    except NvidiaSmiParseError as exc:
+        module.fail_json(msg="cannot read the output of %s: %s" % (" ".join(cmd), exc), cmd=cmd, stdout=stdout)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            nvidia_smi_path=dict(type="str", default="nvidia-smi"),
+            query_processes=dict(type="bool", default=True),
+            declared=dict(type="list", elements="dict"),
+        ),
+        supports_check_mode=True,
+    )
+
+    if module.params["declared"] is not None:
+        try:
+            gpus = normalize_declared(module.params["declared"])
+        except ValueError as exc:
+            module.fail_json(msg="nvidia_gpu_declared is invalid: %s" % exc)
+        module.exit_json(
+            changed=False,
+            source="declared",
+            nvidia_smi=None,
+            ansible_facts=dict(nvidia_gpus=gpus, nvidia_gpu_processes=[]),
+        )
+
+    name = module.params["nvidia_smi_path"]
+    nvidia_smi = resolve_nvidia_smi(module, name)
+    if nvidia_smi is None:
+        module.fail_json(msg=not_installed_message(name))
+
+    gpus = parse_or_fail(module, parse_gpu_csv, gpu_query_command(nvidia_smi))
+    processes = []
+    if module.params["query_processes"]:
+        processes = parse_or_fail(module, parse_process_csv, process_query_command(nvidia_smi))
+
+    module.exit_json(
+        changed=False,
+        source="nvidia-smi",
+        nvidia_smi=nvidia_smi,
+        ansible_facts=dict(nvidia_gpus=gpus, nvidia_gpu_processes=processes),
+    )
+
+
+if __name__ == "__main__":
+    main()
