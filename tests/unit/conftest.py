@@ -1,0 +1,24 @@
+"""Unit-test helpers: import filter_plugins/vllm_sizing.py directly, shared GPU facts."""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
+
+
+def gpu(name, total_mib, capability, used_mib=0):
+    """One GPU as the nvidia_gpu_facts module reports it (docs/interfaces.md)."""
+    return {"index": 0, "name": name, "uuid": "GPU-0", "memory_total_mib": total_mib, "memory_used_mib": used_mib,
+            "driver_version": "550.144.03", "compute_capability": capability, "mig_mode": None}
+
+
+@pytest.fixture
+def a10g():
+    return [gpu("NVIDIA A10G", 23028, "8.6")]
+
+
+@pytest.fixture
+def h100x8():
+    return [dict(gpu("NVIDIA H100 80GB HBM3", 81559, "9.0"), index=i) for i in range(8)]

@@ -1,0 +1,231 @@
+"""vllm_serve_args rendering, malformed-input messages, and the filters as Ansible sees them."""
+import os
+import subprocess
+
+import pytest
+from ansible.errors import AnsibleFilterError
+from conftest import ROOT, gpu
+
+import vllm_sizing as vs
+from vllm_sizing import vllm_kv_cache_bytes, vllm_max_model_len, vllm_model, vllm_serve_args, vllm_sizing
+
+VENV_BIN = os.path.join(ROOT, ".venv", "bin")
+
+
+@pytest.fixture
+def plan():
+    return vllm_sizing([gpu("NVIDIA H100 80GB HBM3", 81559, "9.0")], vllm_model("Qwen/Qwen3-8B"),
+                       {"p99_context": 16384, "peak_concurrency": 32}, {"host": "h1"})
+
+
+def pairs(args):
+    """{flag: value or True} of a rendered argument list."""
+    out, i = {}, 0
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out[args[i]] = args[i + 1]
+            i += 2
+        else:
+            out[args[i]] = True
+            i += 1
+    return out
+
+
+# --- Rendering -----------------------------------------------------------------------------------------------------
+
+def test_plan_renders_to_flags(plan):
+    args = vllm_serve_args(plan, {"host": "0.0.0.0", "port": 8000, "served_model_name": ["qwen", "default"],
+                                  "shutdown_timeout": 30, "enable_lora": True, "seed": None})
+    assert args[:2] == ["--model", "Qwen/Qwen3-8B"]
+    flags = pairs(args)
+    assert flags["--gpu-memory-utilization"] == "0.9" and flags["--max-model-len"] == "16384"
+    assert flags["--max-num-seqs"] == "32" and flags["--tensor-parallel-size"] == "1"
+    assert flags["--kv-cache-dtype"] == "fp8" and flags["--port"] == "8000" and flags["--shutdown-timeout"] == "30"
+    assert flags["--enable-lora"] is True
+    assert "--enforce-eager" not in args  # false and off by default: left out
+    assert "--seed" not in args  # None: left out
+    i = args.index("--served-model-name")
+    assert args[i + 1:i + 3] == ["qwen", "default"]
+    assert all(isinstance(a, str) for a in args)
+
+
+def test_booleans_and_negative_forms_per_version(plan):
+    assert "--enforce-eager" in vllm_serve_args(dict(plan, engine_args=dict(plan["engine_args"], enforce_eager=True)))
+    assert "--disable-prefix-caching" in vllm_serve_args(plan, {"enable_prefix_caching": False})
+    old = dict(plan, vllm_version="0.32.0")
+    assert "--no-enable-prefix-caching" in vllm_serve_args(old, {"enable_prefix_caching": False})
+    assert "--enable-prefix-caching" in vllm_serve_args(old, {"enable_prefix_caching": True})
+    assert "--trust-remote-code" not in vllm_serve_args(plan, {"trust_remote_code": False})
+
+
+def test_dict_renders_as_json(plan):
+    args = vllm_serve_args(plan, {"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4], "level": 3}})
+    i = args.index("--compilation-config")
+    assert args[i + 1] == '{"cudagraph_capture_sizes":[1,2,4],"level":3}'
+
+
+def test_flag_missing_from_the_version_raises(plan):
+    with pytest.raises(AnsibleFilterError, match=r"--swap-space \(swap_space\) does not exist in vLLM 0.34.0"):
+        vllm_serve_args(plan, {"swap_space": 4})
+    with pytest.raises(AnsibleFilterError, match=r"--swap-space \(swap_space\) does not exist in vLLM 0.32.0"):
+        vllm_serve_args(dict(plan, vllm_version="0.32.0"), {"swap_space": 4})
+    legacy = dict(plan, vllm_version="0.11.0")
+    assert pairs(vllm_serve_args(legacy, {"swap_space": 4}))["--swap-space"] == "4"
+    with pytest.raises(AnsibleFilterError, match=r"--shutdown-timeout \(shutdown_timeout\) does not exist "
+                                                  r"in vLLM 0.11"):
+        vllm_serve_args(legacy, {"shutdown_timeout": 30})
+
+
+def test_api_key_is_never_rendered(plan):
+    with pytest.raises(AnsibleFilterError, match=r"serve.api_key: .*VLLM_API_KEY"):
+        vllm_serve_args(plan, {"api_key": "secret"})
+
+
+def test_serve_cannot_contradict_the_plan(plan):
+    with pytest.raises(AnsibleFilterError, match=r"serve.max_model_len=131072 conflicts with the plan's 16384"):
+        vllm_serve_args(plan, {"max_model_len": 131072})
+    assert vllm_serve_args(plan, {"max_model_len": 16384}) == vllm_serve_args(plan)
+    assert pairs(vllm_serve_args(plan, {"block_size": 32}))["--block-size"] == "32"  # not in the plan: allowed
+
+
+@pytest.mark.parametrize("serve, message", [
+    ({"no_such_flag": 1}, r"serve.no_such_flag is not an engine argument this filter knows \(known: .*block_size"),
+    ({"enable_lora": "yes"}, r"serve.enable_lora must be true or false, got 'yes'"),
+    ({"port": True}, r"serve.port takes a value, not True"),
+    ({"port": [8000]}, r"serve.port must be a string or a number"),
+    ({"compilation_config": "x"}, r"serve.compilation_config must be a dict"),
+    ({"served_model_name": []}, r"serve.served_model_name must be a string or a list of strings"),
+])
+def test_bad_serving_options(plan, serve, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        vllm_serve_args(plan, serve)
+
+
+def test_bad_plans(plan):
+    with pytest.raises(AnsibleFilterError, match=r"plan.engine_args is missing"):
+        vllm_serve_args({"vllm_version": "0.34.0"})
+    with pytest.raises(AnsibleFilterError, match=r"vllm_version '0.99.0' is not in the version table"):
+        vllm_serve_args(dict(plan, vllm_version="0.99.0"))
+    with pytest.raises(AnsibleFilterError, match=r"plan.engine_args.model is empty"):
+        vllm_serve_args(dict(plan, engine_args=dict(plan["engine_args"], model=None)))
+    with pytest.raises(AnsibleFilterError, match=r"plan must be a dict, got str"):
+        vllm_serve_args("plan")
+
+
+def test_every_flag_is_spelled_once():
+    spellings = [spec["flag"] for spec in vs.FLAGS.values()]
+    assert len(spellings) == len(set(spellings))
+    assert all(f.startswith("--") and f == f.lower() for f in spellings)
+    for row in vs.VERSIONS.values():
+        assert set(row["flags"]) <= set(vs.FLAGS)
+
+
+# --- Malformed input ---------------------------------------------------------------------------------------------
+
+BASE = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "num_hidden_layers": 8}
+
+
+@pytest.mark.parametrize("model, message", [
+    ("Qwen/Qwen3-8B", r"model must be a dict, got str"),
+    ({}, r"model must be the model's config.json as a dict"),
+    ({"hidden_size": 256, "num_attention_heads": 8}, r"model.num_hidden_layers must be an integer, got None"),
+    (dict(BASE, num_hidden_layers="8"), r"model.num_hidden_layers must be an integer, got '8'"),
+    (dict(BASE, num_hidden_layers=0), r"model.num_hidden_layers must be at least 1, got 0"),
+    (dict(BASE, num_key_value_heads=True), r"model.num_key_value_heads must be an integer, got True"),
+    (dict(BASE, head_dim=12.5), r"model.head_dim must be an integer, got 12.5"),
+    (dict(BASE, sliding_window=-1), r"model.sliding_window must be at least 0"),
+    (dict(BASE, sliding_window=64, layer_types=["sliding_attention"]), r"model.layer_types must list the type of each"),
+    (dict(BASE, layer_types=["linear_attention"] * 8, sliding_window=64),
+     r"model.layer_types\[0\] is 'linear_attention'"),
+    (dict(BASE, torch_dtype="int4"), r"model.torch_dtype 'int4' is not a dtype this filter knows"),
+    ({"text_config": "x"}, r"model.text_config must be a dict"),
+    ({"text_config": {"hidden_size": 1}}, r"model.text_config.num_hidden_layers must be an integer"),
+    (dict(BASE, kv_lora_rank=512), r"model.qk_rope_head_dim must be an integer, got None"),
+    (dict(BASE, _weight_bytes="16G"), r"model._weight_bytes must be an integer, got '16G'"),
+])
+def test_bad_models(model, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        vllm_kv_cache_bytes(model, 1024)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_model_len": 0}, r"max_model_len must be at least 1, got 0"),
+    ({"max_model_len": "4k"}, r"max_model_len must be an integer, got '4k'"),
+    ({"tensor_parallel_size": 0}, r"tensor_parallel_size must be at least 1"),
+    ({"pipeline_parallel_size": 9}, r"pipeline_parallel_size 9 is more than the 8 layers"),
+    ({"kv_cache_dtype": "int3"}, r"kv_cache_dtype 'int3' is not supported here \(supported: auto, bfloat16"),
+    ({"block_size": -16}, r"block_size must be at least 1"),
+    ({"max_num_batched_tokens": 1.5}, r"max_num_batched_tokens must be an integer"),
+    ({"vllm_version": "0.20.0"},
+     r"vllm_version '0.20.0' is not in the version table \(known: 0.11.0, 0.32.0, 0.34.0\)"),
+    ({"device": "tpu"}, r"device must be cuda or cpu, got 'tpu'"),
+])
+def test_bad_kv_arguments(kwargs, message):
+    args = dict({"max_model_len": 1024}, **kwargs)
+    with pytest.raises(AnsibleFilterError, match=message):
+        vllm_kv_cache_bytes(BASE, **args)
+
+
+def test_bad_memory_argument():
+    with pytest.raises(AnsibleFilterError, match=r"kv_cache_bytes must be an integer, got '1GiB'"):
+        vllm_max_model_len(BASE, "1GiB")
+    with pytest.raises(AnsibleFilterError, match=r"kv_cache_bytes must be at least 0, got -1"):
+        vllm_max_model_len(BASE, -1)
+
+
+@pytest.mark.parametrize("gpus, workload, policy, message", [
+    ([], {}, {}, r"gpus must be a non-empty list of GPU facts"),
+    ({"name": "x"}, {}, {}, r"gpus must be a non-empty list"),
+    (["NVIDIA A10G"], {}, {}, r"gpus\[0\] must be a dict, got str"),
+    ([{"memory_total_mib": 23028, "compute_capability": "8.6"}], {}, {}, r"gpus\[0\].name must be the GPU's name"),
+    ([gpu("A10G", "23028", "8.6")], {}, {}, r"gpus\[0\].memory_total_mib must be an integer, got '23028'"),
+    ([gpu("A10G", 23028, "eight")], {}, {}, r"gpus\[0\].compute_capability must look like \"8.6\", got 'eight'"),
+    ([gpu("A10G", 23028, None)], {}, {}, r"gpus\[0\].compute_capability must look like"),
+    ([gpu("A10G", 23028, "8.6")], [], {}, r"workload must be a dict, got list"),
+    ([gpu("A10G", 23028, "8.6")], {"p99_context": -5}, {}, r"workload.p99_context must be at least 1, got -5"),
+    ([gpu("A10G", 23028, "8.6")], {"peak_concurrency": "many"}, {}, r"workload.peak_concurrency must be an integer"),
+    ([gpu("A10G", 23028, "8.6")], {}, "strict", r"policy must be a dict, got str"),
+    ([gpu("A10G", 23028, "8.6")], {}, {"gpu_sharing": "sometimes"}, r"policy.gpu_sharing must be one of"),
+    ([gpu("A10G", 23028, "8.6")], {}, {"gpu_memory_utilization": "0.9"}, r"policy.gpu_memory_utilization must be"),
+    ([gpu("A10G", 23028, "8.6")], {}, {"kv_cache_dtype": "fp4"}, r"policy.kv_cache_dtype 'fp4' is not supported"),
+    ([gpu("A10G", 23028, "8.6")], {}, {"tensor_parallel_size": "2"}, r"policy.tensor_parallel_size must be an integer"),
+    ([gpu("A10G", 23028, "8.6")], {}, {"vllm_version": "1.0"}, r"vllm_version '1.0' is not in the version table"),
+    ([gpu("A10G", 23028, "8.6")], {}, {"min_num_seqs": 0}, r"policy.min_num_seqs must be at least 1"),
+    ([gpu("A10G", 23028, "8.6")], {}, {"usable_memory_mib": "lots"}, r"policy.usable_memory_mib must be an integer"),
+])
+def test_bad_sizing_input(gpus, workload, policy, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        vllm_sizing(gpus, vllm_model("microsoft/Phi-3-mini-4k-instruct"), workload, policy)
+
+
+# --- Through Ansible ------------------------------------------------------------------------------------------------
+
+def test_filter_module_exposes_the_five_filters():
+    assert set(vs.FilterModule().filters()) == {"vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_sizing",
+                                                "vllm_serve_args", "vllm_model"}
+
+
+@pytest.mark.parametrize("name", ["vllm_sizing", "vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_serve_args",
+                                  "vllm_model"])
+def test_ansible_doc_shows_docs_and_examples(name):
+    result = subprocess.run([os.path.join(VENV_BIN, "ansible-doc"), "-t", "filter", name], cwd=ROOT, check=False,
+                            capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, ANSIBLE_FILTER_PLUGINS=os.path.join(ROOT, "filter_plugins"),
+                                     ANSIBLE_NOCOLOR="1"))
+    assert result.returncode == 0, result.stderr
+    assert "EXAMPLES" in result.stdout and "RETURN VALUES" in result.stdout and name in result.stdout
+
+
+def test_filters_from_a_template():
+    template = ("{{ (q | vllm_max_model_len((4.89 * 1024**3) | int + 2359296, block_size=16)) ~ ' ' ~ "
+                "(q | vllm_kv_cache_bytes(40960, block_size=16)) ~ ' ' ~ "
+                "(gpus | vllm_sizing(q, {'p99_context': 4096}) | vllm_serve_args({'port': 8000}) | join(' ')) }}")
+    result = subprocess.run(
+        [os.path.join(VENV_BIN, "ansible"), "localhost", "-c", "local", "-i", "localhost,", "-m", "debug",
+         "-a", "msg=\"%s\"" % template,
+         "-e", '{"q": "{{ \'Qwen/Qwen3-8B\' | vllm_model }}", "gpus": [{"name": "NVIDIA L40S", '
+               '"memory_total_mib": 46068, "compute_capability": "8.9"}]}'],
+        cwd=ROOT, check=False, capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, ANSIBLE_FILTER_PLUGINS=os.path.join(ROOT, "filter_plugins"), ANSIBLE_NOCOLOR="1"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert '"msg": "35600 6039797760 --model Qwen/Qwen3-8B --gpu-memory-utilization 0.9' in result.stdout
