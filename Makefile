@@ -8,7 +8,7 @@ export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PLAYBOOKS := $(wildcard playbooks/*.yml)
-SCENARIOS := vllm
+SCENARIOS := balancer vllm
 
 .PHONY: help venv host image wheelhouse controller-vllm models fleet-deps lint unit check oracle molecule test demo bench clean
 

@@ -25,7 +25,8 @@ debootstrap --variant=minbase --include="$packages" bookworm "$rootfs" http://de
 rm -f "$rootfs"/etc/systemd/system/getty.target.wants/* "$rootfs"/etc/machine-id
 touch "$rootfs"/etc/machine-id
 chroot "$rootfs" systemctl mask systemd-firstboot.service getty@.service systemd-logind.service >/dev/null 2>&1 || true
-rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+# Keep apt lists as an installed server has them: emptied lists look fresh to `cache_valid_time`.
+rm -rf "$rootfs"/var/cache/apt/archives/*.deb
 log "importing as $VLLM_FLEET_IMAGE"
 tar -C "$rootfs" -c . | docker import \
   -c 'CMD ["/lib/systemd/systemd"]' \

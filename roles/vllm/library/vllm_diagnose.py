@@ -1,0 +1,97 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Say which of the three "vLLM CUDA OOM" failures an instance shows, from its journal, unit state and metrics."""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_diagnose
+short_description: Tell the three vLLM OOM failures apart on one instance and say what to change
+description:
+  - Reads the unit's state (restarts, result), the journal since the unit's last start or a given time, and
+    C(/metrics) (KV-cache usage, preemptions, waiting requests).
+  - Failure 1 (startup KV cache), 2 (runtime allocator OOM), 3 (dead engine), plus KV-cache pressure (preemption:
+    latency, not errors) and a GPU still held at start.
+options:
+  unit: {description: systemd unit name, type: str, required: true}
+  port: {description: HTTP port of the instance, type: int, required: true}
+  since: {description: journalctl --since value, type: str, default: "-24h"}
+author: vllm-fleet
+"""
+
+EXAMPLES = r"""
+- name: Diagnose
+  vllm_diagnose:
+    unit: vllm@main.service
+    port: 8000
+"""
+
+RETURN = r"""
+findings: {description: list of {kind, summary, advice}, most severe first, type: list, returned: always}
+metrics: {description: the vLLM metrics read, type: dict, returned: always}
+unit: {description: ActiveState, Result, NRestarts of the unit, type: dict, returned: always}
+"""
+
+import re
+import urllib.request
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vllm_diagnosis import diagnose
+
+METRICS = ("vllm:kv_cache_usage_perc", "vllm:num_preemptions_total", "vllm:num_requests_running",
+           "vllm:num_requests_waiting")
+
+
+def parse_metrics(text):
+    """Sum each wanted metric over its label sets (one engine per instance in practice)."""
+    found = {}
+    for line in text.splitlines():
+        match = re.match(r"^([a-z_:]+)(\{[^}]*\})? ([0-9.eE+-]+|NaN)$", line)
+        if match and match.group(1) in METRICS and match.group(3) != "NaN":
+            found[match.group(1)] = found.get(match.group(1), 0.0) + float(match.group(3))
+    return found
+
+
+def pressure_finding(metrics):
+    usage = metrics.get("vllm:kv_cache_usage_perc")
+    preempted = metrics.get("vllm:num_preemptions_total", 0)
+    if preempted > 0 or (usage is not None and usage > 0.95):
+        return {
+            "kind": "kv_cache_pressure",
+            "summary": "KV-cache pressure: %d preemptions, KV cache %.0f%% used, %d requests waiting. This costs "
+                       "latency, not errors." % (preempted, 100 * (usage or 0),
+                                                 metrics.get("vllm:num_requests_waiting", 0)),
+            "advice": "Reduce client concurrency or re-plan with a larger peak_concurrency (fp8 KV cache, more "
+                      "GPUs); allocator settings do not help here.",
+        }
+    return None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(unit=dict(type="str", required=True), port=dict(type="int", required=True),
+                           since=dict(type="str", default="-24h")),
+        supports_check_mode=True,
+    )
+    p = module.params
+    _rc, out, _err = module.run_command(["systemctl", "show", p["unit"], "-p", "ActiveState,Result,NRestarts"])
+    unit = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    _rc, journal, _err = module.run_command(
+        ["journalctl", "-u", p["unit"], "--since", p["since"], "--no-pager", "-o", "cat"])
+    metrics = {}
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % p["port"], timeout=10) as resp:
+            metrics = parse_metrics(resp.read().decode(errors="replace"))
+    except OSError:
+        pass  # a dead or stopped server has no metrics; the journal still tells
+    findings = []
+    found = diagnose(journal)
+    if found["kind"] != "none":
+        findings.append({k: found[k] for k in ("kind", "summary", "advice")})
+    pressure = pressure_finding(metrics)
+    if pressure:
+        findings.append(pressure)
+    module.exit_json(changed=False, findings=findings, metrics=metrics, unit=unit)
+
+
+if __name__ == "__main__":
+    main()

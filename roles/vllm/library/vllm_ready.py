@@ -1,0 +1,120 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Wait until a vLLM instance is ready: unit active, /health 200 and a one-token completion."""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_ready
+short_description: Wait until a vLLM instance under systemd serves a completion
+description:
+  - Polls the unit's state, C(GET /health) and a one-token C(POST /v1/completions) on 127.0.0.1.
+  - A wedged engine keeps /health at 200, so only a real completion proves readiness.
+  - Fails at once when the unit has failed for good (start limit hit), with the last journal lines and a
+    diagnosis of which "CUDA OOM" failure it was.
+options:
+  unit: {description: systemd unit name, type: str, required: true}
+  port: {description: HTTP port of the instance, type: int, required: true}
+  model: {description: served model name sent in the completion, type: str, required: true}
+  api_key: {description: API key (VLLM_API_KEY), type: str, default: ""}
+  timeout: {description: seconds to wait in all, type: int, default: 900}
+  journal_lines: {description: journal lines returned on failure, type: int, default: 40}
+author: vllm-fleet
+"""
+
+EXAMPLES = r"""
+- name: Wait for vLLM
+  vllm_ready:
+    unit: vllm@main.service
+    port: 8000
+    model: Qwen/Qwen3-8B
+    api_key: "{{ vllm_api_key }}"
+"""
+
+RETURN = r"""
+seconds: {description: seconds waited, type: float, returned: always}
+restarts: {description: the unit's NRestarts, type: int, returned: always}
+diagnosis: {description: kind, summary and advice of the failure found in the journal, type: dict, returned: failure}
+journal: {description: last journal lines, type: list, returned: failure}
+"""
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.vllm_diagnosis import diagnose
+
+
+def unit_state(module, unit):
+    _rc, out, _err = module.run_command(
+        ["systemctl", "show", unit, "-p", "ActiveState,SubState,Result,NRestarts,ExecMainStatus"])
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def http(url, payload=None, api_key="", timeout=30):
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+    except OSError as err:
+        return None, str(err)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            unit=dict(type="str", required=True),
+            port=dict(type="int", required=True),
+            model=dict(type="str", required=True),
+            api_key=dict(type="str", default="", no_log=True),
+            timeout=dict(type="int", default=900),
+            journal_lines=dict(type="int", default=40),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    if module.check_mode:
+        module.exit_json(changed=False, seconds=0.0, restarts=0)
+    base = "http://127.0.0.1:%d" % p["port"]
+    start = time.monotonic()
+    last = "not checked yet"
+    state = {}
+    while time.monotonic() - start < p["timeout"]:
+        state = unit_state(module, p["unit"])
+        if state.get("ActiveState") == "failed" or (
+                state.get("ActiveState") == "inactive" and state.get("SubState") == "dead"):
+            last = "unit %s is %s (result %s)" % (p["unit"], state.get("ActiveState"), state.get("Result"))
+            break
+        status, body = http(base + "/health", timeout=5)
+        if status == 200:
+            status, body = http(base + "/v1/completions", {"model": p["model"], "prompt": "ping", "max_tokens": 1},
+                                api_key=p["api_key"], timeout=60)
+            if status == 200 and '"choices"' in body:
+                module.exit_json(changed=False, seconds=round(time.monotonic() - start, 1),
+                                 restarts=int(state.get("NRestarts", 0) or 0))
+            last = "completion answered %s: %s" % (status, body[:300])
+        else:
+            last = "/health answered %s" % (status if status is not None else body)
+        time.sleep(2)
+    else:
+        last = "not ready after %ds; last check: %s" % (p["timeout"], last)
+    # Diagnose from a long tail: after restarts the telling line sits above many traceback lines.
+    _rc, journal, _err = module.run_command(
+        ["journalctl", "-u", p["unit"], "-n", "2000", "--no-pager", "-o", "cat"])
+    found = diagnose(journal)
+    journal = "\n".join(journal.splitlines()[-p["journal_lines"]:])
+    module.fail_json(
+        msg="%s on port %d is not ready: %s. %s %s" % (p["unit"], p["port"], last, found["summary"], found["advice"]),
+        seconds=round(time.monotonic() - start, 1), restarts=int(state.get("NRestarts", 0) or 0),
+        diagnosis=found, journal=journal.splitlines(), unit_state=state)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""vllm-unit-helper, the ExecStartPre/ExecStartPost of vllm@.service, against the stand-in nvidia-smi and a real
+HTTP server on loopback."""
+import http.server
+import os
+import subprocess
+import sys
+import threading
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+HELPER = os.path.join(ROOT, "roles", "vllm", "files", "vllm-unit-helper")
+STANDIN = os.path.join(ROOT, "tests", "fixtures", "nvidia-smi")
+GPUS = os.path.join(ROOT, "tests", "fixtures", "gpus")
+
+
+def run(*args, fixture="h100-8.json", env=None):
+    env = dict(os.environ, NVIDIA_SMI_STANDIN=os.path.join(GPUS, fixture), **(env or {}))
+    return subprocess.run([sys.executable, HELPER, *args], capture_output=True, text=True, env=env, timeout=60,
+                          check=False)
+
+
+def test_gpu_free_passes_when_the_instances_gpus_hold_nothing():
+    # h100-8.json: GPUs 0 and 1 are held by a vLLM process, GPU 7 by nothing.
+    out = run("gpu-free", "--nvidia-smi=" + STANDIN, "--timeout=1", "--gpus=7")
+    assert out.returncode == 0, out.stderr
+
+
+def test_gpu_free_times_out_naming_the_holders():
+    out = run("gpu-free", "--nvidia-smi=" + STANDIN, "--timeout=2", env={"CUDA_VISIBLE_DEVICES": "0,7"})
+    assert out.returncode == 1
+    assert "GPU(s) 0,7 still in use after 2s" in out.stderr and "pid 30412" in out.stderr
+
+
+def test_gpu_free_fails_clearly_when_the_driver_is_not_loaded():
+    out = run("gpu-free", "--nvidia-smi=" + STANDIN, "--timeout=1", "--gpus=0", fixture="driver-not-loaded.json")
+    assert out.returncode == 1 and "couldn't communicate with the NVIDIA driver" in out.stderr
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    status = 503
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        self.send_response(Health.status)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_healthy_waits_for_200_and_gives_up_after_timeout():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = str(server.server_address[1])
+    try:
+        out = run("healthy", "--timeout=2", env={"VLLM_FLEET_PORT": port})
+        assert out.returncode == 1 and "(last: HTTP 503)" in out.stderr
+        Health.status = 200
+        assert run("healthy", "--timeout=5", "--port=" + port).returncode == 0
+    finally:
+        server.shutdown()
+
+
+def test_healthy_stops_when_the_server_process_is_gone():
+    """systemd keeps waiting for ExecStartPost after the server exits; the helper must not."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        Health.status = 503
+        out = run("healthy", "--timeout=30", "--port=%d" % server.server_address[1], env={"MAINPID": gone})
+        assert out.returncode == 1 and f"(pid {gone}) exited" in out.stderr
+    finally:
+        server.shutdown()
