@@ -2,6 +2,7 @@
 import json
 import os
 import subprocess
+import sys
 import time
 
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.path.abspath(os.path.join(__file__, "../../../..")))
@@ -48,11 +49,41 @@ def wait_until(predicate, timeout, interval=2, what="condition"):
 def playbook(playbook_path, *args, timeout=1200):
     """Run a project playbook against the scenario's inventory.
 
-    Returns (returncode, output) with the output's whitespace folded: Ansible wraps long messages.
+    Returns the CompletedProcess with stdout and stderr joined in .stdout and whitespace folded, since Ansible
+    wraps long messages.
     """
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(PROJECT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
     out = subprocess.run(
         ["ansible-playbook", "-i", INVENTORY, os.path.join(PROJECT, playbook_path), *args],
         capture_output=True, text=True, timeout=timeout, env=env, check=False, cwd=PROJECT,
     )
-    return out.returncode, " ".join((out.stdout + out.stderr).split())
+    return subprocess.CompletedProcess(out.args, out.returncode, " ".join((out.stdout + out.stderr).split()), "")
+
+
+class Load:
+    """tools/loadgen.py in the background against the balancer's loopback port, for the span of a `with` block."""
+
+    def __init__(self, workdir, name, clients=4, streaming=2, url="http://127.0.0.1:18080/v1/completions"):
+        self.stop = os.path.join(workdir, f"{name}.stop")
+        self.report_file = os.path.join(workdir, f"{name}.json")
+        self.events_file = os.path.join(workdir, f"{name}.jsonl")
+        self.cmd = [sys.executable, os.path.join(PROJECT, "tools", "loadgen.py"), url, "--model", "tiny-llama",
+                    "--clients", str(clients), "--streaming-clients", str(streaming), "--max-tokens", "8",
+                    "--duration", "1200", "--stop-file", self.stop, "--report", self.report_file,
+                    "--events", self.events_file]
+        self.report = None
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(self.cmd, env=dict(os.environ, LOADGEN_API_KEY=API_KEY),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        time.sleep(5)  # traffic flowing before the action starts
+        return self
+
+    def __exit__(self, *exc):
+        time.sleep(5)  # and still flowing after it
+        open(self.stop, "w").close()
+        out, _ = self.proc.communicate(timeout=120)
+        with open(self.report_file) as f:
+            self.report = json.load(f)
+        print(f"load: {self.report['totals']} errors={self.report['errors']} ({out.strip()[-300:]})")
+        return False

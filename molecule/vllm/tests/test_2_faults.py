@@ -73,9 +73,10 @@ def test_stop_leaves_no_process_behind():
 def test_configuration_refused_at_start_stops_after_start_limit():
     """The plan fits the GPU the facts report, but the server has less KV memory: vLLM refuses at start."""
     host = "vllm-2"
-    rc, out = run_site(host, {"vllm_model_dir": "/srv/vllm-fleet-cache/models/tiny-llama-long",
-                              "vllm_workload": {"p99_context": 65536, "peak_concurrency": 1}})
-    assert rc != 0, out[-3000:]
+    result = run_site(host, {"vllm_model_dir": "/srv/vllm-fleet-cache/models/tiny-llama-long",
+                             "vllm_workload": {"p99_context": 65536, "peak_concurrency": 1}})
+    out = result.stdout
+    assert result.returncode != 0, out[-3000:]
     assert "failure 1 (startup)" in out and "estimated maximum model length is 32640" in out, out[-3000:]
     p = unit_props(host, UNIT, "ActiveState", "Result", "NRestarts")
     print(f"after a configuration vLLM refuses: {p}")
@@ -83,8 +84,8 @@ def test_configuration_refused_at_start_stops_after_start_limit():
     time.sleep(20)
     assert unit_props(host, UNIT, "ActiveState")["ActiveState"] == "failed"  # stays failed, no thrashing
     # Re-applying the good configuration re-arms the unit and brings it back.
-    rc, out = run_site(host, {})
-    assert rc == 0, out[-3000:]
+    result = run_site(host, {})
+    assert result.returncode == 0, result.stdout[-3000:]
     assert healthy(host)
 
 
@@ -94,10 +95,11 @@ def test_preflight_refuses_before_any_change():
     invocation = unit_props(host, UNIT, "InvocationID")["InvocationID"]
     small_gpu = [{"index": 0, "name": "NVIDIA T4", "uuid": "GPU-00000000-0000-0000-0000-000000000000",
                   "memory_total_mib": 2048, "compute_capability": "7.5"}]
-    rc, out = run_site(host, {"vllm_model_dir": "/srv/vllm-fleet-cache/models/tiny-llama-long",
-                              "vllm_workload": {"p99_context": 65536, "peak_concurrency": 1},
-                              "vllm_gpus": small_gpu})
-    assert rc != 0
+    result = run_site(host, {"vllm_model_dir": "/srv/vllm-fleet-cache/models/tiny-llama-long",
+                             "vllm_workload": {"p99_context": 65536, "peak_concurrency": 1},
+                             "vllm_gpus": small_gpu})
+    out = result.stdout
+    assert result.returncode != 0
     assert "vllm-2" in out and "estimated maximum model length" in out, out[-3000:]
     assert sh(host, "md5sum /etc/systemd/system/vllm@main.service.d/10-plan.conf").stdout == before
     assert unit_props(host, UNIT, "InvocationID")["InvocationID"] == invocation  # not restarted

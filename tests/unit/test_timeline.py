@@ -1,0 +1,70 @@
+"""Unit tests for tools/timeline.py: it renders a PNG from loadgen's events and the roll's host events."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+
+pytest.importorskip("matplotlib")
+import timeline  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+T0 = 1_790_000_000.0
+
+
+def sample(tmp_path):
+    requests = tmp_path / "load.jsonl"
+    with requests.open("w") as f:
+        for i in range(200):
+            start = T0 + i * 0.1
+            failed = i in (57, 58, 120)
+            f.write(json.dumps({"client": i % 4, "streaming": i % 4 < 2, "start": start, "end": start + 0.3,
+                                "ok": not failed, **({"error": "HTTP 500"} if failed else {})}) + "\n")
+    hosts = tmp_path / "roll.json"
+    events = []
+    for n, host in enumerate(["gpu-01", "gpu-02"]):
+        base = T0 + 2 + n * 8
+        events += [{"time": base + dt, "host": host, "state": s}
+                   for dt, s in ((0, "drained"), (1, "stopped"), (2, "starting"), (5, "ready"), (6, "enabled"))]
+    # ISO 8601 times are accepted as well (what Ansible's now() writes).
+    events[-1]["time"] = timeline.datetime.datetime.fromtimestamp(T0 + 16, timeline.datetime.timezone.utc).isoformat()
+    hosts.write_text(json.dumps({"events": events}))
+    return requests, hosts
+
+
+def test_renders_a_png_from_a_sample(tmp_path):
+    requests, hosts = sample(tmp_path)
+    out = tmp_path / "roll.png"
+    assert timeline.main(["--requests", str(requests), "--hosts", str(hosts), "--out", str(out)]) == 0
+    data = out.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+
+
+def test_command_line_and_report_input(tmp_path):
+    requests, hosts = sample(tmp_path)
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"started": T0, "per_second": [{"second": s, "ok": 9, "failed": s == 5}
+                                                                for s in range(20)]}))
+    out = tmp_path / "from-report.png"
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "timeline.py"), "--requests", str(report),
+                           "--hosts", str(hosts), "--out", str(out), "--title", "roll"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_loading_and_times():
+    assert timeline.to_epoch("1970-01-01T00:01:00Z") == 60.0
+    assert timeline.to_epoch("12.5") == 12.5
+    assert timeline.to_epoch(7) == 7.0
+
+
+def test_nothing_to_draw_is_an_error(tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    assert timeline.main(["--hosts", str(empty), "--out", str(tmp_path / "x.png")]) == 2

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Draw a rolling restart: request outcomes per second above, each host's state over time below (PNG).
+
+Inputs:
+  --requests FILE   the JSONL of tools/loadgen.py --events (one request per line: start, end, ok, streaming, ...)
+                    or its JSON report (--report; uses the report's "per_second" and "started")
+  --hosts FILE      host events written by the rolling restart: a JSON list (or {"events": [...]}) of
+                    {"time": epoch seconds or ISO 8601, "host": "gpu-01", "state": "drained"}; states seen so far:
+                    drained, stopped, starting, ready, enabled (any other name gets a color too)
+Output: --out FILE.png. Time 0 is the first request or host event.
+
+  tools/timeline.py --requests reports/load.jsonl --hosts reports/roll-events.json --out reports/roll.png
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from collections import Counter
+
+STATE_COLORS = {
+    "enabled": "#2ca02c",   # in service
+    "ready": "#98df8a",     # vLLM answers, not yet enabled in the balancers
+    "starting": "#ffbb78",
+    "stopped": "#d62728",
+    "drained": "#1f77b4",   # out of the balancers, vLLM still running
+    "draining": "#aec7e8",
+}
+EXTRA_COLORS = ["#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def to_epoch(value) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip().replace("Z", "+00:00")
+    try:
+        return float(text)
+    except ValueError:
+        parsed = datetime.datetime.fromisoformat(text)
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+        return parsed.timestamp()
+
+
+def load_requests(path: str):
+    """[(end_epoch, ok, streaming)] from a loadgen JSONL file, or per-second counts from its JSON report."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and "per_second" in doc:
+        out = []
+        for row in doc["per_second"]:
+            t = doc["started"] + row["second"] + 0.5
+            out += [(t, True, False)] * row["ok"] + [(t, False, False)] * row["failed"]
+        return out
+    records = [doc] if isinstance(doc, dict) else [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [(to_epoch(r["end"]), bool(r["ok"]), bool(r.get("streaming"))) for r in records]
+
+
+def load_host_events(path: str):
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    events = doc.get("events", []) if isinstance(doc, dict) else doc
+    return sorted(({"time": to_epoch(e["time"]), "host": str(e["host"]), "state": str(e["state"])} for e in events),
+                  key=lambda e: e["time"])
+
+
+def render(requests, host_events, out: str, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    times = [t for t, _, _ in requests] + [e["time"] for e in host_events]
+    if not times:
+        raise ValueError("nothing to draw: no request and no host event")
+    t0, t_end = min(times), max(times)
+    span = max(t_end - t0, 1.0)
+    hosts = sorted({e["host"] for e in host_events})
+
+    fig, (ax_req, ax_host) = plt.subplots(
+        2, 1, sharex=True, figsize=(12, 3.5 + 0.45 * max(len(hosts), 1)),
+        gridspec_kw={"height_ratios": [3, max(1, 0.6 * len(hosts))]})
+
+    seconds = int(span) + 1
+    counts = {k: Counter() for k in ("ok", "fail_stream", "fail_plain")}
+    for t, ok, streaming in requests:
+        s = int(t - t0)
+        counts["ok" if ok else "fail_stream" if streaming else "fail_plain"][s] += 1
+    xs = list(range(seconds))
+    ok = [counts["ok"][s] for s in xs]
+    fail_plain = [counts["fail_plain"][s] for s in xs]
+    fail_stream = [counts["fail_stream"][s] for s in xs]
+    ax_req.bar(xs, ok, width=1.0, align="edge", color="#2ca02c", label="ok")
+    ax_req.bar(xs, fail_plain, width=1.0, align="edge", bottom=ok, color="#d62728", label="failed (non-streaming)")
+    ax_req.bar(xs, fail_stream, width=1.0, align="edge", bottom=[a + b for a, b in zip(ok, fail_plain)],
+               color="#ff9896", hatch="//", label="failed (streaming)")
+    for s in xs:  # a failure among hundreds of successes is a sliver: mark its second across the panel too
+        if fail_plain[s] or fail_stream[s]:
+            ax_req.axvspan(s, s + 1, color="#d62728", alpha=0.12, linewidth=0)
+    total_failed = sum(fail_plain) + sum(fail_stream)
+    ax_req.set_ylabel("requests ended / s")
+    ax_req.set_title(title or f"{len(requests)} requests, {total_failed} failed "
+                              f"({sum(fail_plain)} non-streaming, {sum(fail_stream)} streaming)")
+    ax_req.legend(loc="upper right", fontsize="small")
+
+    palette = dict(STATE_COLORS)
+    extra = iter(EXTRA_COLORS * 10)
+    for i, host in enumerate(hosts):
+        mine = [e for e in host_events if e["host"] == host]
+        for j, e in enumerate(mine):
+            end = mine[j + 1]["time"] if j + 1 < len(mine) else t0 + span
+            color = palette.setdefault(e["state"], next(extra))
+            ax_host.barh(i, max(end - e["time"], span / 500), left=e["time"] - t0, height=0.6, color=color,
+                         edgecolor="white", linewidth=0.5)
+    ax_host.set_yticks(range(len(hosts)), hosts)
+    ax_host.set_ylim(-0.7, max(len(hosts), 1) - 0.3)
+    ax_host.invert_yaxis()
+    start = datetime.datetime.fromtimestamp(t0, datetime.timezone.utc)
+    ax_host.set_xlabel(f"seconds since {start:%Y-%m-%d %H:%M:%S} UTC")
+    ax_host.set_xlim(0, span)
+    seen = [s for s in palette if any(e["state"] == s for e in host_events)]
+    if seen:
+        fig.legend(handles=[Patch(color=palette[s], label=s) for s in seen], loc="lower center",
+                   fontsize="small", ncol=len(seen), frameon=False)
+    fig.tight_layout(rect=(0, 0.05 if seen else 0, 1, 1))
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--requests", help="loadgen JSONL events or JSON report")
+    p.add_argument("--hosts", help="JSON host events {time, host, state}")
+    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--title", default="")
+    args = p.parse_args(argv)
+    if not args.requests and not args.hosts:
+        p.error("give --requests, --hosts or both")
+    requests = load_requests(args.requests) if args.requests else []
+    host_events = load_host_events(args.hosts) if args.hosts else []
+    try:
+        render(requests, host_events, args.out, args.title)
+    except ValueError as exc:
+        print(f"timeline: {exc}", file=sys.stderr)
+        return 2
+    print(f"timeline: {args.out}: {len(requests)} requests, {len(host_events)} host events")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
