@@ -8,7 +8,7 @@ export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PLAYBOOKS := $(wildcard playbooks/*.yml)
-SCENARIOS := balancer vllm
+SCENARIOS := balancer vllm fleet
 
 .PHONY: help venv host image wheelhouse controller-vllm models fleet-deps lint unit check oracle molecule test demo bench clean
 
@@ -46,7 +46,7 @@ lint: venv
 	$(BIN)/ansible-lint --profile production --strict
 	for p in $(PLAYBOOKS); do $(BIN)/ansible-playbook --syntax-check -i inventory.example $$p || exit 1; done
 unit: venv
-	$(BIN)/pytest tests/unit -q
+	$(BIN)/pytest tests/unit tests/playbooks -q
 check: lint unit
 
 oracle: venv controller-vllm

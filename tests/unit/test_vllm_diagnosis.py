@@ -34,6 +34,7 @@ def test_startup_kv_cache_failure_reads_vllms_numbers():
     assert found["details"] == {"max_model_len": 40960, "needed_gib": 5.62, "available_gib": 4.89,
                                 "estimated_max_model_len": 35600}
     assert "max_model_len <= 35600" in found["advice"]
+    assert 'the estimated maximum model length is 35600' in found["summary"]  # vLLM's words, greppable
 
 
 def test_older_releases_spelling_models_s_is_recognised():

@@ -36,8 +36,8 @@ def diagnose(text: str) -> dict:
             "kind": "startup_kv_cache",
             "summary": (
                 f"failure 1 (startup): max_model_len {match.group('len')} needs {match.group('need')} GiB of KV "
-                f"cache but only {match.group('avail')} GiB is available; vLLM estimates the maximum model "
-                f"length is {est}."
+                f"cache but only {match.group('avail')} GiB is available (vLLM: \"the estimated maximum model "
+                f"length is {est}\")."
             ),
             "advice": (
                 f"Lower the workload's context (max_model_len <= {est}), allow fp8 KV cache, or give the instance "
