@@ -68,7 +68,7 @@ class Load:
         self.report_file = os.path.join(workdir, f"{name}.json")
         self.events_file = os.path.join(workdir, f"{name}.jsonl")
         self.cmd = [sys.executable, os.path.join(PROJECT, "tools", "loadgen.py"), url, "--model", "tiny-llama",
-                    "--clients", str(clients), "--streaming-clients", str(streaming), "--max-tokens", "8",
+                    "--clients", str(clients), "--streaming-clients", str(streaming), "--max-tokens", "8", "--pause", "0.25",
                     "--duration", "1200", "--stop-file", self.stop, "--report", self.report_file,
                     "--events", self.events_file]
         self.report = None

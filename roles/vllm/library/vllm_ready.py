@@ -33,6 +33,10 @@ EXAMPLES = r"""
 RETURN = r"""
 seconds: {description: seconds waited, type: float, returned: always}
 restarts: {description: the unit's NRestarts, type: int, returned: always}
+start_to_ready:
+  description: seconds from the server process's start to the unit becoming active (/health 200), per systemd
+  type: float
+  returned: success
 diagnosis: {description: kind, summary and advice of the failure found in the journal, type: dict, returned: failure}
 journal: {description: last journal lines, type: list, returned: failure}
 """
@@ -48,7 +52,8 @@ from ansible.module_utils.vllm_diagnosis import diagnose
 
 def unit_state(module, unit):
     _rc, out, _err = module.run_command(
-        ["systemctl", "show", unit, "-p", "ActiveState,SubState,Result,NRestarts,ExecMainStatus"])
+        ["systemctl", "show", unit, "-p", "ActiveState,SubState,Result,NRestarts,ExecMainStatus,"
+         "ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic"])
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
@@ -96,9 +101,13 @@ def main():
         if status == 200:
             status, body = http(base + "/v1/completions", {"model": p["model"], "prompt": "ping", "max_tokens": 1},
                                 api_key=p["api_key"], timeout=60)
-            if status == 200 and '"choices"' in body:
+            # Active: the unit's ExecStartPost saw /health 200 too, so systemd's timestamps are final.
+            if status == 200 and '"choices"' in body and state.get("ActiveState") == "active":
+                started = int(state.get("ExecMainStartTimestampMonotonic") or 0)
+                active = int(state.get("ActiveEnterTimestampMonotonic") or 0)
                 module.exit_json(changed=False, seconds=round(time.monotonic() - start, 1),
-                                 restarts=int(state.get("NRestarts", 0) or 0))
+                                 restarts=int(state.get("NRestarts", 0) or 0),
+                                 start_to_ready=round((active - started) / 1e6, 2) if active > started > 0 else None)
             last = "completion answered %s: %s" % (status, body[:300])
         else:
             last = "/health answered %s" % (status if status is not None else body)
