@@ -68,7 +68,7 @@ def test_3_failing_host_mid_roll_stops_the_roll_with_that_host_drained(tmp_path)
     untouched = sh("vllm-3", "systemctl show vllm@main -p InvocationID").stdout
     try:
         with Load(str(tmp_path), "failing") as load:
-            roll = playbook("playbooks/rolling_restart.yml", "--limit", "vllm-2,vllm-3",
+            roll = playbook("playbooks/rolling_restart.yml", "--limit", "localhost,vllm-2,vllm-3",
                             "-e", "rolling_restart_apply_config=true")
         assert roll.returncode != 0
         assert "Rolling restart stopped at vllm-2" in roll.stdout and "estimated maximum model length" in roll.stdout
@@ -82,7 +82,7 @@ def test_3_failing_host_mid_roll_stops_the_roll_with_that_host_drained(tmp_path)
     finally:
         os.unlink(bad)
     # The fix is in: rolling the one host again brings it back.
-    roll = playbook("playbooks/rolling_restart.yml", "--limit", "vllm-2", "-e", "rolling_restart_apply_config=true")
+    roll = playbook("playbooks/rolling_restart.yml", "--limit", "localhost,vllm-2", "-e", "rolling_restart_apply_config=true")
     assert roll.returncode == 0, roll.stdout[-3000:]
     assert set(server_states().values()) == {"UP"}
 
