@@ -1,0 +1,63 @@
+"""The scheduled rolling restart on a real systemd controller host: the timer is armed, the service really runs
+playbooks/rolling_restart.yml from the checkout and logs to the journal, and a run never overlaps another roll."""
+import time
+
+from fleet import sh, unit_props
+
+HOST = "controller-1"
+SERVICE = "vllm-fleet-roll.service"
+LOCK = "/run/lock/vllm-fleet-roll.lock"
+REPORTS = "/var/lib/vllm-fleet-roll/reports"
+
+
+def journal(since):
+    return sh(HOST, f"journalctl -u {SERVICE} --since '{since}' --no-pager -o cat").stdout
+
+
+def now():
+    return sh(HOST, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
+
+
+def reports():
+    return sh(HOST, f"ls {REPORTS} 2>/dev/null", check=False).stdout.split()
+
+
+def test_timer_is_armed():
+    assert sh(HOST, "systemctl is-enabled vllm-fleet-roll.timer").stdout.strip() == "enabled"
+    timer = unit_props(HOST, "vllm-fleet-roll.timer", "ActiveState", "NextElapseUSecRealtime", "TimersCalendar")
+    print(timer)
+    assert timer["ActiveState"] == "active" and timer["NextElapseUSecRealtime"]
+    assert "Sun *-*-* 03:00:00" in timer["TimersCalendar"]
+    sh(HOST, f"systemd-analyze verify /etc/systemd/system/{SERVICE} /etc/systemd/system/vllm-fleet-roll.timer")
+
+
+def test_a_scheduled_run_runs_the_roll_and_logs_to_the_journal():
+    since, before = now(), reports()
+    time.sleep(1)
+    # What the timer does when it fires; `systemctl start` of a oneshot returns when the run has ended.
+    sh(HOST, f"systemctl start {SERVICE}", timeout=300)
+    p = unit_props(HOST, SERVICE, "Result", "ExecMainStatus", "ExecStart")
+    log = journal(since)
+    print(log[-1500:])
+    assert p["Result"] == "success" and p["ExecMainStatus"] == "0", p
+    assert "roll_schedule_note='scheduled at 100% by the timer'" in p["ExecStart"]  # quoted as one argument
+    assert "PLAY [Roll the vLLM fleet]" in log and "PLAY RECAP" in log
+    new = sorted(set(reports()) - set(before))
+    assert len(new) == 1, (before, reports())  # the run's report directory, under the StateDirectory
+
+
+def test_a_run_while_another_roll_holds_the_lock_skips():
+    since, before = now(), reports()
+    time.sleep(1)
+    # A manual roll in progress: it holds the same lock (`flock <lock> ansible-playbook ...`).
+    sh(HOST, f"systemd-run --unit=manual-roll flock {LOCK} sleep 300")
+    try:
+        sh(HOST, f"systemctl start {SERVICE}", timeout=120)
+        p = unit_props(HOST, SERVICE, "Result", "ExecMainStatus")
+        log = journal(since)
+        print(p, log)
+        assert p == {"Result": "success", "ExecMainStatus": "75"}
+        assert "failed to get lock" in log and "PLAY" not in log
+        assert reports() == before
+    finally:
+        sh(HOST, "systemctl stop manual-roll", check=False)
