@@ -8,7 +8,7 @@ export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PLAYBOOKS := $(wildcard playbooks/*.yml)
-SCENARIOS := balancer vllm fleet
+SCENARIOS := balancer schedule fleet
 
 .PHONY: help venv host image wheelhouse controller-vllm models fleet-deps lint unit check oracle molecule test demo bench clean
 
@@ -39,6 +39,9 @@ models: controller-vllm
 	# 32 KiB of KV per token and a 64k context: fits a GPU's plan, not the CPU build's 1 GiB KV (fault tests).
 	$(MAKE_MODEL) $(VLLM_FLEET_CACHE)/models/tiny-llama-long --set num_hidden_layers=8 --set num_attention_heads=8 \
 	  --set num_key_value_heads=8 --set head_dim=128 --set hidden_size=256 --set max_position_embeddings=65536
+	# A LoRA adapter for tiny-llama (runtime LoRA tests).
+	$(VLLM_FLEET_CACHE)/vllm-venv/bin/python scripts/make_test_lora.py $(VLLM_FLEET_CACHE)/models/tiny-llama \
+	  $(VLLM_FLEET_CACHE)/models/tiny-llama-lora
 fleet-deps: image wheelhouse models
 
 lint: venv

@@ -18,27 +18,41 @@ log "2/4 the plan each host runs (playbooks/plan.yml)"
 ansible-playbook -i "$inventory" playbooks/plan.yml -e plan_out="$PWD/$out/plan.json" \
   | sed -n '/One row per host/,/^$/p'
 
-log "3/4 rolling restart under load: 4 clients (2 streaming) through HAProxy on 127.0.0.1:18080"
-LOADGEN_API_KEY=$key python tools/loadgen.py http://127.0.0.1:18080/v1/completions --model tiny-llama \
-  --clients 4 --streaming-clients 2 --max-tokens 8 --pause 0.25 --duration 1800 --stop-file "$out/load.stop" \
-  --report "$out/load.json" --events "$out/load.jsonl" 2> "$out/load.log" &
-load_pid=$!
-sleep 5
+# The same load around a command: 2 clients (1 streaming) through HAProxy on 127.0.0.1:18080. Light on purpose:
+# under continuous load the CPU build's workers busy-poll and starve a restarting host on two cores.
+under_load() {
+  local name=$1; shift
+  LOADGEN_API_KEY=$key python tools/loadgen.py http://127.0.0.1:18080/v1/completions --model tiny-llama \
+    --clients 2 --streaming-clients 1 --max-tokens 8 --pause 1.0 --duration 3600 --stop-file "$out/$name.stop" \
+    --report "$out/$name-load.json" --events "$out/$name-load.jsonl" 2> "$out/$name-load.log" &
+  local load_pid=$! rc=0
+  sleep 5
+  "$@" > "$out/$name.log" 2>&1 || rc=$?
+  sleep 5
+  touch "$out/$name.stop"; wait "$load_pid" || true
+  return "$rc"
+}
+
+log "3/4 rolling restart under load (playbooks/rolling_restart.yml), then the naive pattern under the same load"
 roll_rc=0
-ansible-playbook -i "$inventory" playbooks/rolling_restart.yml > "$out/roll.log" 2>&1 || roll_rc=$?
-sleep 5
-touch "$out/load.stop"; wait "$load_pid" || true
+under_load roll ansible-playbook -i "$inventory" playbooks/rolling_restart.yml || roll_rc=$?
 report=$(ls -d reports/rolling-restart/*/ | sort | tail -1)report.json
 cp "$report" "$out/rolling-restart.json"
+# The common pattern: restart each host in turn, no drain, not waiting for the balancer.
+under_load naive ansible -i "$inventory" vllm --forks 1 -m ansible.builtin.systemd_service \
+  -a "name=vllm@main.service state=restarted" || log "the naive restart failed: $out/naive.log"
 
 log "4/4 summary"
-python tools/timeline.py --requests "$out/load.jsonl" --hosts "$out/rolling-restart.json" --out "$out/timeline.png" \
+python tools/timeline.py --requests "$out/roll-load.jsonl" --hosts "$out/rolling-restart.json" --out "$out/timeline.png" \
   --title "vllm-fleet demo: rolling restart of 3 vLLM hosts under load" >/dev/null
+python tools/timeline.py --requests "$out/naive-load.jsonl" --out "$out/timeline-naive.png" \
+  --title "the naive pattern: serial systemctl restart, no drain, same load" >/dev/null
 python - "$out" "$roll_rc" <<'PY'
 import json, sys
 out, roll_rc = sys.argv[1], int(sys.argv[2])
 plans = json.load(open(f"{out}/plan.json"))
-load = json.load(open(f"{out}/load.json"))["totals"]
+loads = {"rolling_restart.yml": json.load(open(f"{out}/roll-load.json"))["totals"],
+         "naive serial restart": json.load(open(f"{out}/naive-load.json"))["totals"]}
 roll = json.load(open(f"{out}/rolling-restart.json"))
 print("\nDeployed: HAProxy on balancer-1 (127.0.0.1:18080) in front of")
 for host, inst in sorted(plans.items()):
@@ -53,9 +67,12 @@ for host, r in sorted(roll["hosts"].items()):
     f = lambda v: "-" if v is None else f"{v:.1f}s"
     print(f"  {host:8} {f(r['drain_wait_s']):>7} {f(r['stop_s']):>7} {f(r['start_to_ready_s']):>13}"
           f" {f(r['vllm_start_to_ready_s']):>9} {f(r['enable_s']):>7} {f(r['total_s']):>7} {f(r['overhead_s']):>9}")
-print(f"\nRequests through HAProxy during the roll: {load['sent']} sent, {load['failed']} failed"
-      f" ({load['failed_streaming']} streaming, {load['failed_non_streaming']} non-streaming)")
-print(f"Files: {out}/rolling-restart.json, {out}/load.json, {out}/timeline.png, {out}/plan.json")
+print(f"\nRequests through HAProxy, side by side (same load):")
+print(f"  {'restart pattern':22} {'sent':>6} {'failed':>7} {'streaming':>10} {'non-streaming':>14}")
+for name, t in loads.items():
+    print(f"  {name:22} {t['sent']:>6} {t['failed']:>7} {t['failed_streaming']:>10} {t['failed_non_streaming']:>14}")
+print(f"Files in {out}: rolling-restart.json, roll-load.json, naive-load.json, timeline.png, timeline-naive.png,"
+      f" plan.json, *.log")
 PY
 log "the fleet is still up: ansible-playbook -i $inventory playbooks/<playbook>.yml; make clean removes it"
 exit "$roll_rc"

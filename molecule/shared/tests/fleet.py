@@ -63,12 +63,14 @@ def playbook(playbook_path, *args, timeout=1200):
 class Load:
     """tools/loadgen.py in the background against the balancer's loopback port, for the span of a `with` block."""
 
-    def __init__(self, workdir, name, clients=4, streaming=2, url="http://127.0.0.1:18080/v1/completions"):
+    # Light by default: under continuous load each CPU-build worker busy-polls for work (vLLM's shm queue spins
+    # for 1 s after every step), and a heavier load starves a restarting host of CPU on two cores for many minutes.
+    def __init__(self, workdir, name, clients=2, streaming=1, pause=1.0, url="http://127.0.0.1:18080/v1/completions"):
         self.stop = os.path.join(workdir, f"{name}.stop")
         self.report_file = os.path.join(workdir, f"{name}.json")
         self.events_file = os.path.join(workdir, f"{name}.jsonl")
         self.cmd = [sys.executable, os.path.join(PROJECT, "tools", "loadgen.py"), url, "--model", "tiny-llama",
-                    "--clients", str(clients), "--streaming-clients", str(streaming), "--max-tokens", "8", "--pause", "0.25",
+                    "--clients", str(clients), "--streaming-clients", str(streaming), "--max-tokens", "8", "--pause", str(pause),
                     "--duration", "1200", "--stop-file", self.stop, "--report", self.report_file,
                     "--events", self.events_file]
         self.report = None

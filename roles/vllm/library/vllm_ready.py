@@ -41,13 +41,11 @@ diagnosis: {description: kind, summary and advice of the failure found in the jo
 journal: {description: last journal lines, type: list, returned: failure}
 """
 
-import json
 import time
-import urllib.error
-import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vllm_diagnosis import diagnose
+from ansible.module_utils.vllm_http import http
 
 
 def unit_state(module, unit):
@@ -55,21 +53,6 @@ def unit_state(module, unit):
         ["systemctl", "show", unit, "-p", "ActiveState,SubState,Result,NRestarts,ExecMainStatus,"
          "ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic"])
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
-def http(url, payload=None, api_key="", timeout=30):
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = "Bearer " + api_key
-    data = json.dumps(payload).encode() if payload is not None else None
-    req = urllib.request.Request(url, data=data, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode(errors="replace")
-    except OSError as err:
-        return None, str(err)
 
 
 def main():

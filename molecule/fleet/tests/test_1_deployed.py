@@ -2,7 +2,7 @@
 import pytest
 from fleet import API_KEY, http, sh, unit_props
 
-HOSTS = ["vllm-1", "vllm-2"]
+HOSTS = ["vllm-1", "vllm-2", "vllm-3"]
 UNIT = "vllm@main.service"
 
 
