@@ -280,3 +280,17 @@ def test_a_new_instance_joins_in_maint_until_enabled():
     ok(playbook("molecule/balancer/converge.yml"))  # back to the scenario's inventory: the instance goes away
     rows = servers()
     assert set(rows) == {B1, B2} and {r["status"] for r in rows.values()} == {"UP"}
+
+
+def test_a_balancer_that_does_not_answer_stops_a_drain_before_any_change(tmp_path):
+    """A second balancer that cannot be reached (no such container): drain_host.yml refuses, naming it, and
+    balancer-1 keeps sending traffic to backend-1."""
+    extra = tmp_path / "lost-balancer.yml"
+    extra.write_text("all:\n  children:\n    balancer:\n      hosts:\n        balancer-gone:\n"
+                     "          ansible_connection: community.docker.docker\n")
+    proc, _ = run("drain", "backend-1", "-i", str(extra))
+    assert proc.returncode != 0
+    assert "Balancer(s) balancer-gone did not answer" in proc.stdout, proc.stdout[-3000:]
+    assert "Nothing was changed for backend-1" in proc.stdout
+    assert servers()[B1]["admin"] == "ready" and status(B1) == "UP"
+    assert "backend-1" in " ".join(served_by(20))

@@ -1,8 +1,6 @@
 """The scheduled rolling restart on a real systemd controller host: the timer is armed, the service really runs
 playbooks/rolling_restart.yml from the checkout and logs to the journal, and a run never overlaps another roll."""
-import time
-
-from fleet import sh, unit_props
+from fleet import sh, unit_props, wait_until
 
 HOST = "controller-1"
 SERVICE = "vllm-fleet-roll.service"
@@ -10,12 +8,20 @@ LOCK = "/run/lock/vllm-fleet-roll.lock"
 REPORTS = "/var/lib/vllm-fleet-roll/reports"
 
 
-def journal(since):
-    return sh(HOST, f"journalctl -u {SERVICE} --since '{since}' --no-pager -o cat").stdout
+def cursor():
+    """Where the journal ends now (a cursor: timestamps of one second mix adjacent runs)."""
+    out = sh(HOST, "journalctl -n 1 --show-cursor --no-pager -o cat").stdout
+    return out.strip().rpartition("-- cursor: ")[2]
 
 
-def now():
-    return sh(HOST, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
+def journal(after):
+    return sh(HOST, f"journalctl -u {SERVICE} --after-cursor '{after}' --no-pager -o cat").stdout
+
+
+def start_roll(timeout):
+    """What the timer does when it fires; `systemctl start` of a oneshot returns when the run has ended."""
+    started = sh(HOST, f"systemctl start {SERVICE}", check=False, timeout=timeout)
+    assert started.returncode == 0, started.stderr + sh(HOST, f"journalctl -u {SERVICE} -n 40 --no-pager").stdout
 
 
 def reports():
@@ -32,10 +38,8 @@ def test_timer_is_armed():
 
 
 def test_a_scheduled_run_runs_the_roll_and_logs_to_the_journal():
-    since, before = now(), reports()
-    time.sleep(1)
-    # What the timer does when it fires; `systemctl start` of a oneshot returns when the run has ended.
-    sh(HOST, f"systemctl start {SERVICE}", timeout=300)
+    since, before = cursor(), reports()
+    start_roll(timeout=300)
     p = unit_props(HOST, SERVICE, "Result", "ExecMainStatus", "ExecStart")
     log = journal(since)
     print(log[-1500:])
@@ -47,12 +51,13 @@ def test_a_scheduled_run_runs_the_roll_and_logs_to_the_journal():
 
 
 def test_a_run_while_another_roll_holds_the_lock_skips():
-    since, before = now(), reports()
-    time.sleep(1)
+    since, before = cursor(), reports()
     # A manual roll in progress: it holds the same lock (`flock <lock> ansible-playbook ...`).
     sh(HOST, f"systemd-run --unit=manual-roll flock {LOCK} sleep 300")
     try:
-        sh(HOST, f"systemctl start {SERVICE}", timeout=120)
+        wait_until(lambda: sh(HOST, f"flock -n {LOCK} true", check=False).returncode != 0, 20, 0.2,
+                   "the manual roll to hold the lock")
+        start_roll(timeout=120)
         p = unit_props(HOST, SERVICE, "Result", "ExecMainStatus")
         log = journal(since)
         print(p, log)
