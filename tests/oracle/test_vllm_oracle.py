@@ -5,7 +5,7 @@ vLLM's API server on 127.0.0.1 with a small KV cache and a max_model_len too lon
 prints ("X GiB KV cache is needed ... available KV cache memory (Y GiB) ... the estimated maximum model length is
 N", or "CPU KV cache size: N tokens" when it starts) with what the filters compute. The block size, batched tokens
 and async scheduling vLLM used are read from vLLM's own resolved config (EngineArgs.create_engine_config), not
-assumed. Servers run one at a time, each bounded by a timeout.
+assumed. Servers run two at a time (the module fixture starts them all), each bounded by a timeout.
 """
 import json
 import os
@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -123,8 +124,9 @@ print("PROBE " + json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def setup():
-    """Models built, and the settings vLLM resolves for each case (one probe process for all)."""
+def setup(tmp_path_factory):
+    """Models built, the settings vLLM resolves for each case (one probe process for all), and what each case's
+    server printed. Two servers at a time: a start is mostly single-threaded Python, and the machine has two cores."""
     dirs = {shape: _model_dir(shape) for shape in SHAPES}
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
     args = {case: _engine_args(case, dirs[CASES[case][0]]) for case in CASES}
@@ -132,7 +134,12 @@ def setup():
                             timeout=300, env=env)
     lines = [line for line in result.stdout.splitlines() if line.startswith("PROBE ")]
     assert lines, "vLLM config probe failed:\n" + result.stderr[-3000:]
-    return dirs, json.loads(lines[-1][len("PROBE "):])
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        served = {case: pool.submit(_serve, dirs[CASES[case][0]], CASES[case][1], CASES[case][2],
+                                    str(logs / (case + ".log")))
+                  for case in CASES}
+    return dirs, json.loads(lines[-1][len("PROBE "):]), {case: future.result() for case, future in served.items()}
 
 
 def _free_port():
@@ -193,8 +200,8 @@ def _layout(config, settings, kv_cache_dtype):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_filters_match_vllm(case, setup, tmp_path, record_property):
-    dirs, probe = setup
+def test_filters_match_vllm(case, setup, record_property):
+    dirs, probe, served = setup
     shape, memory, extra, expect_start, optional = CASES[case]
     settings = probe[case]
     with open(os.path.join(dirs[shape], "config.json")) as handle:
@@ -209,7 +216,7 @@ def test_filters_match_vllm(case, setup, tmp_path, record_property):
     defaults = vs._layout(vs._model_shape(config), 1, 1, kv_dtype, None, None, None, VERSION, "cpu")
     assert defaults["block_size"] == settings["block_size"] and settings["async_scheduling"] is False
 
-    check, capacity, tail = _serve(dirs[shape], memory, extra, str(tmp_path / "vllm.log"))
+    check, capacity, tail = served[case]
     if optional and not (check or capacity):
         errors = [line for line in tail.splitlines() if "Error" in line] or tail.splitlines()[-1:]
         pytest.skip("this CPU build of vLLM cannot run the %s case: %s" % (case, errors[-1].strip()))
