@@ -19,11 +19,12 @@ ansible-playbook -i "$inventory" playbooks/plan.yml -e plan_out="$PWD/$out/plan.
   | sed -n '/One row per host/,/^$/p'
 
 # The same load around a command: 2 clients (1 streaming) through HAProxy on 127.0.0.1:18080. Light on purpose:
-# under continuous load the CPU build's workers busy-poll and starve a restarting host on two cores.
+# the CPU build's workers busy-poll for 1 s after every step and starve a restarting host on two cores (see Load in
+# molecule/shared/tests/fleet.py, which the tests use with the same figures).
 under_load() {
   local name=$1; shift
   LOADGEN_API_KEY=$key python tools/loadgen.py http://127.0.0.1:18080/v1/completions --model tiny-llama \
-    --clients 2 --streaming-clients 1 --max-tokens 8 --pause 1.0 --duration 3600 --stop-file "$out/$name.stop" \
+    --clients 2 --streaming-clients 1 --max-tokens 8 --pause 1.5 --duration 3600 --stop-file "$out/$name.stop" \
     --report "$out/$name-load.json" --events "$out/$name-load.jsonl" 2> "$out/$name-load.log" &
   local load_pid=$! rc=0
   sleep 5
@@ -38,14 +39,26 @@ roll_rc=0
 under_load roll ansible-playbook -i "$inventory" playbooks/rolling_restart.yml || roll_rc=$?
 report=$(ls -d reports/rolling-restart/*/ | sort | tail -1)report.json
 cp "$report" "$out/rolling-restart.json"
-# The common pattern: restart each host in turn, no drain, not waiting for the balancer.
-under_load naive ansible -i "$inventory" vllm --forks 1 -m ansible.builtin.systemd_service \
-  -a "name=vllm@main.service state=restarted" || log "the naive restart failed: $out/naive.log"
+# The common pattern: restart each host in turn, no drain, not waiting for the balancer. Its host events (for the
+# timeline) are when each `systemctl restart` began and returned.
+naive_restart() {
+  local host
+  for host in $(ansible -i "$inventory" vllm --list-hosts | tail -n +2); do
+    host_event "$host" "restart (no drain)"
+    ansible -i "$inventory" "$host" -m ansible.builtin.systemd_service -a "name=vllm@main.service state=restarted" \
+      || return 1
+    host_event "$host" "active again"
+  done
+}
+host_event() {
+  printf '{"time": %s, "host": "%s", "state": "%s"}\n' "$(date +%s.%N)" "$1" "$2" >> "$out/naive-hosts.jsonl"
+}
+under_load naive naive_restart || log "the naive restart failed: $out/naive.log"
 
 log "4/4 summary"
 python tools/timeline.py --requests "$out/roll-load.jsonl" --hosts "$out/rolling-restart.json" --out "$out/timeline.png" \
   --title "vllm-fleet demo: rolling restart of 3 vLLM hosts under load" >/dev/null
-python tools/timeline.py --requests "$out/naive-load.jsonl" --out "$out/timeline-naive.png" \
+python tools/timeline.py --requests "$out/naive-load.jsonl" --hosts "$out/naive-hosts.jsonl" --out "$out/timeline-naive.png" \
   --title "the naive pattern: serial systemctl restart, no drain, same load" >/dev/null
 python - "$out" "$roll_rc" <<'PY'
 import json, sys
@@ -71,8 +84,8 @@ print(f"\nRequests through HAProxy, side by side (same load):")
 print(f"  {'restart pattern':22} {'sent':>6} {'failed':>7} {'streaming':>10} {'non-streaming':>14}")
 for name, t in loads.items():
     print(f"  {name:22} {t['sent']:>6} {t['failed']:>7} {t['failed_streaming']:>10} {t['failed_non_streaming']:>14}")
-print(f"Files in {out}: rolling-restart.json, roll-load.json, naive-load.json, timeline.png, timeline-naive.png,"
-      f" plan.json, *.log")
+print(f"Files in {out}: rolling-restart.json, roll-load.json, naive-load.json, naive-hosts.jsonl, timeline.png,"
+      f" timeline-naive.png, plan.json, *.log")
 PY
 log "the fleet is still up: ansible-playbook -i $inventory playbooks/<playbook>.yml; make clean removes it"
 exit "$roll_rc"

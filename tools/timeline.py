@@ -4,7 +4,7 @@
 Inputs:
   --requests FILE   the JSONL of tools/loadgen.py --events (one request per line: start, end, ok, streaming, ...)
                     or its JSON report (--report; uses the report's "per_second" and "started")
-  --hosts FILE      host events written by the rolling restart: a JSON list (or {"events": [...]}) of
+  --hosts FILE      host events written by the rolling restart: a JSON list (or {"events": [...]}, or JSON lines) of
                     {"time": epoch seconds or ISO 8601, "host": "gpu-01", "state": "drained"}; states seen so far:
                     drained, stopped, starting, ready, enabled (any other name gets a color too)
 Output: --out FILE.png. Time 0 is the first request or host event.
@@ -63,7 +63,11 @@ def load_requests(path: str):
 
 def load_host_events(path: str):
     with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
+        text = f.read()
+    try:
+        doc = json.loads(text)
+    except ValueError:  # JSON lines, one event each (appended as they happen, e.g. by make demo's naive restart)
+        doc = [json.loads(line) for line in text.splitlines() if line.strip()]
     events = doc.get("events", []) if isinstance(doc, dict) else doc
     return sorted(({"time": to_epoch(e["time"]), "host": str(e["host"]), "state": str(e["state"])} for e in events),
                   key=lambda e: e["time"])

@@ -64,6 +64,15 @@ def test_loading_and_times():
     assert timeline.to_epoch(7) == 7.0
 
 
+def test_host_events_as_json_lines(tmp_path):
+    _, hosts = sample(tmp_path)
+    events = json.loads(hosts.read_text())["events"]
+    lines = tmp_path / "hosts.jsonl"
+    lines.write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert timeline.load_host_events(str(lines)) == timeline.load_host_events(str(hosts))
+    assert len(timeline.load_host_events(str(lines))) == len(events)
+
+
 def test_nothing_to_draw_is_an_error(tmp_path):
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
