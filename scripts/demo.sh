@@ -11,12 +11,12 @@ key=test-key-not-a-secret   # molecule/shared/inventory/group_vars/vllm.yml
 out=reports/demo/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$out"
 
-log "1/4 deploying the fleet with playbooks/site.yml (Molecule creates the hosts; about 6 minutes the first time)"
+log "1/4 deploying the fleet with playbooks/site.yml (Molecule creates the hosts; about 5 minutes the first time)"
 molecule converge -s fleet > "$out/site.log" 2>&1 || { tail -50 "$out/site.log"; die "site.yml failed: $out/site.log"; }
 
 log "2/4 the plan each host runs (playbooks/plan.yml)"
 ansible-playbook -i "$inventory" playbooks/plan.yml -e plan_out="$PWD/$out/plan.json" \
-  | sed -n '/One row per host/,/^$/p'
+  | sed -n '/"msg": \[/,/^[^"]*\]/p' | sed -n 's/^[^"]*"\(.*\)",\{0,1\}[^"]*$/  \1/p' | grep -v '^  msg$'  # the table rows
 
 # The same load around a command: 2 clients (1 streaming) through HAProxy on 127.0.0.1:18080. Light on purpose:
 # the CPU build's workers busy-poll for 1 s after every step and starve a restarting host on two cores (see Load in
