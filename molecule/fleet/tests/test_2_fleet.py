@@ -85,8 +85,8 @@ def test_1_rolling_restart_under_load_loses_no_request(tmp_path):
 
 def test_2_naive_restart_side_by_side(tmp_path):
     """The same load during the common pattern on one host: `systemctl restart`, no drain, not waiting for the
-    balancer to see it UP again. One host keeps the suite inside its time budget; `make demo` runs the pattern
-    across the whole fleet, beside the roll."""
+    balancer to see it UP again. One host keeps the suite inside its time budget (all three add ~2 min);
+    `make demo` runs the pattern across the whole fleet, beside the roll."""
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(PROJECT, "ansible.cfg"))
     with Load(str(tmp_path), "naive") as load:
         naive = subprocess.run(["ansible", "-i", INVENTORY, "vllm-1", "-m",
@@ -248,7 +248,26 @@ def test_8_lora_adapters_load_and_unload_at_runtime(tmp_path):
     assert refused.returncode != 0 and "vllm_runtime_lora is false" in refused.stdout, refused.stdout[-3000:]
 
 
-def test_9_stop_leaves_no_process_behind():
+def test_9_a_roll_starts_a_host_whose_start_limit_is_spent():
+    """Starts count toward StartLimitBurst whoever makes them. A host restarted by hand once too often in the window
+    refuses the next start; the roll's start re-arms the limit, so the deliberate start goes through."""
+    host = "vllm-3"
+    dropin = "/run/systemd/system/vllm@main.service.d"
+    sh(host, f"mkdir -p {dropin} && printf '[Unit]\\nStartLimitBurst=1\\n' > {dropin}/99-burst.conf"
+             " && systemctl daemon-reload")
+    try:
+        sh(host, f"systemctl restart {UNIT}", timeout=400)  # the one start the window allows
+        refused = sh(host, f"systemctl restart {UNIT}", check=False, timeout=400)
+        assert refused.returncode != 0 and "too often" in refused.stderr, refused.stderr
+        assert unit_props(host, UNIT, "ActiveState", "Result") == {"ActiveState": "failed", "Result": "start-limit-hit"}
+        roll = playbook("playbooks/rolling_restart.yml", "--limit", f"localhost,{host}")
+        assert roll.returncode == 0, roll.stdout[-3000:]
+        assert healthy(host) and server_states()[f"{host}-main"] == "UP"
+    finally:
+        sh(host, f"rm -rf {dropin} && systemctl daemon-reload")
+
+
+def test_10_stop_leaves_no_process_behind():
     """Last, as nothing needs the host afterwards: a stop ends every process of the unit (API server, EngineCore,
     worker), so nothing is left holding the GPU for the next start."""
     host = "vllm-3"
