@@ -43,31 +43,32 @@ def to_epoch(value) -> float:
         return parsed.timestamp()
 
 
-def load_requests(path: str):
-    """[(end_epoch, ok, streaming)] from a loadgen JSONL file, or per-second counts from its JSON report."""
+def read_json_or_lines(path: str):
+    """The file's JSON document, or the list of its JSON lines when it is not one document."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     try:
-        doc = json.loads(text)
+        return json.loads(text)
     except ValueError:
-        doc = None
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def load_requests(path: str):
+    """[(end_epoch, ok, streaming)] from a loadgen JSONL file, or per-second counts from its JSON report."""
+    doc = read_json_or_lines(path)
     if isinstance(doc, dict) and "per_second" in doc:
         out = []
         for row in doc["per_second"]:
             t = doc["started"] + row["second"] + 0.5
             out += [(t, True, False)] * row["ok"] + [(t, False, False)] * row["failed"]
         return out
-    records = [doc] if isinstance(doc, dict) else [json.loads(line) for line in text.splitlines() if line.strip()]
+    records = [doc] if isinstance(doc, dict) else doc
     return [(to_epoch(r["end"]), bool(r["ok"]), bool(r.get("streaming"))) for r in records]
 
 
 def load_host_events(path: str):
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    try:
-        doc = json.loads(text)
-    except ValueError:  # JSON lines, one event each (appended as they happen, e.g. by make demo's naive restart)
-        doc = [json.loads(line) for line in text.splitlines() if line.strip()]
+    # JSON lines too: one event each, appended as they happen (make demo's naive restart).
+    doc = read_json_or_lines(path)
     events = doc.get("events", []) if isinstance(doc, dict) else doc
     return sorted(({"time": to_epoch(e["time"]), "host": str(e["host"]), "state": str(e["state"])} for e in events),
                   key=lambda e: e["time"])
