@@ -9,7 +9,8 @@ vllm_max_model_len.yml, vllm_serve_args.yml, vllm_model.yml), so `ansible-doc -t
 The KV arithmetic follows vLLM's own code (vllm/v1/kv_cache_interface.py, vllm/v1/core/kv_cache_utils.py,
 kv_cache_planning.py in 0.34): per-layer page sizes, the grouping of hybrid (sliding + full attention)
 models, the null block reserved before the startup check and the binary search behind "the estimated
-maximum model length is N". Everything that changes between vLLM releases is in VERSIONS.
+maximum model length is N". Everything that changes between vLLM releases is in VERSIONS; the attention
+backends that decide the KV block size on each kind of device are in ATTENTION.
 """
 
 import functools
@@ -30,6 +31,9 @@ SIZING_ARGS = (
     "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size", "enforce_eager", "block_size",
     "disable_custom_all_reduce",
 )
+# Where an operator sets a sizing argument, when it is not the policy key of the same name.
+SIZING_POLICY = {"model": "policy.model (the role: vllm_model or vllm_model_dir)",
+                 "disable_custom_all_reduce": "policy.expandable_segments (it sets this flag with TP/PP > 1)"}
 
 # The only place vLLM flags are spelled. kind: value (one argument), list (nargs+), json (a dict as
 # JSON), bool (bare flag when true). `false` spells the negative form per version, only for booleans
@@ -85,11 +89,16 @@ FLAGS = {
     "uvicorn_log_level": {"flag": "--uvicorn-log-level", "kind": "value"},
 }
 _COMMON_FLAGS = frozenset(FLAGS) - {"swap_space", "shutdown_timeout"}
+# Serving options (policy.serve_options) that change what the plan must budget; the rest pass through unread.
+#   dtype: float32 stores 4 bytes per weight and per KV element; kv_cache_memory_bytes pins the KV size per GPU;
+#   cpu_offload_gb moves that many GiB of weights per GPU to host memory; quantization (online, of an
+#   unquantized checkpoint) only shrinks the weights, so budgeting the checkpoint's size stays on the safe side.
+DTYPES = {"auto": None, "half": 2, "float16": 2, "bfloat16": 2, "float": 4, "float32": 4}
 
 # One table of what changes between vLLM releases. Read in each release's source (engine/arg_utils.py,
 # config/cache.py, config/vllm.py, platforms/cpu.py, v1/kv_cache_interface.py, v1/core/kv_cache_*.py);
 # the flag sets were checked against each release's argument parser.
-#   block_size: default tokens per KV block on CUDA (cpu: the CPU backend's; MLA on CPU uses 16)
+#   block_size: CacheConfig.DEFAULT_BLOCK_SIZE, what a backend uses when it accepts it (see ATTENTION)
 #   utilization: default --gpu-memory-utilization without the extensible KV cache
 #   extensible_kv_cache: KV sized after warm-up, default utilization 1.0 on CUDA
 #   async_scheduling: default on GPU (the CPU platform always turns it off)
@@ -102,26 +111,64 @@ _COMMON_FLAGS = frozenset(FLAGS) - {"swap_space", "shutdown_timeout"}
 #   message, gib_format: how the startup error spells "model's" and GiB (None: round(x, 2), as format_gib)
 VERSIONS = {
     "0.11.0": {
-        "block_size": 16, "cpu_block_size": 128, "utilization": 0.9, "extensible_kv_cache": False,
+        "block_size": 16, "utilization": 0.9, "extensible_kv_cache": False,
         "async_scheduling": False, "in_flight": "batch", "null_block": False, "grouped_check": False,
         "batch_defaults": ((70, "a100", 8192, 1024), (0, None, 2048, 256)), "cpu_batch_defaults": (2048, 128),
         "message": "models's", "gib_format": "%.2f", "flags": (_COMMON_FLAGS | {"swap_space"}),
     },
     "0.32.0": {
-        "block_size": 16, "cpu_block_size": 128, "utilization": 0.92, "extensible_kv_cache": False,
+        "block_size": 16, "utilization": 0.92, "extensible_kv_cache": False,
         "async_scheduling": True, "in_flight": "batches", "null_block": True, "grouped_check": True,
         "batch_defaults": ((160, None, 16384, 1024), (70, "a100", 8192, 1024), (0, None, 2048, 256)),
         "cpu_batch_defaults": (2048, 128), "message": "model's", "gib_format": None,
         "flags": (_COMMON_FLAGS | {"shutdown_timeout"}),
     },
     "0.34.0": {
-        "block_size": 64, "cpu_block_size": 128, "utilization": 0.92, "extensible_kv_cache": True,
+        "block_size": 64, "utilization": 0.92, "extensible_kv_cache": True,
         "async_scheduling": True, "in_flight": "batches", "null_block": True, "grouped_check": True,
         "batch_defaults": ((160, None, 16384, 1024), (70, "a100", 8192, 1024), (0, None, 2048, 256)),
         "cpu_batch_defaults": (2048, 128), "message": "model's", "gib_format": None,
         "flags": (_COMMON_FLAGS | {"shutdown_timeout"}),
     },
 }
+
+# Attention backends, in vLLM's order of preference per device, and the KV block sizes they take. Read in vLLM
+# 0.32.0 and 0.34.0 (the same there): platforms/cuda.py _get_backend_priorities and each backend's
+# supports_compute_capability; get_supported_kernel_block_sizes in v1/attention/backends/ (and mla/);
+# platforms/cpu.py get_attn_backend_cls and check_and_update_config for the CPU build.
+#   runs_on: compute capability -> bool (CUDA); amx: the backend needs (True) or excludes (False) AMX tiles (CPU)
+#   sizes: kernel block sizes; a KV block may be any multiple of one (vLLM splits it into kernel blocks)
+#   forced: the block size the platform sets whatever was asked (the CPU's reference MLA backend: 16)
+#   default: the platform's own default instead of the version's (the CPU platform: 128)
+# With no --block-size vLLM takes the first backend that runs on the device and gives it the version's default
+# block size when one of its sizes divides it, else its smallest size (platforms/interface.py
+# update_block_size_for_backend). With --block-size it skips the backends that do not take it
+# ("block_size not supported"). Other criteria (head size, KV dtype, installed kernels) are not modelled: plans
+# pass --block-size explicitly, so a different backend choice cannot change the arithmetic.
+ATTENTION = {
+    ("cuda", False): (
+        {"name": "FLASHINFER", "runs_on": lambda cc: cc[0] == 10, "sizes": (16, 32, 64)},
+        {"name": "FLASH_ATTN", "runs_on": lambda cc: cc >= (8, 0), "sizes": (16,)},
+        {"name": "FLASHINFER", "runs_on": lambda cc: (8, 0) <= cc <= (12, 1) and cc[0] != 10, "sizes": (16, 32, 64)},
+        {"name": "TRITON_ATTN", "runs_on": lambda cc: True, "sizes": (16,)},
+        {"name": "FLEX_ATTENTION", "runs_on": lambda cc: True, "sizes": (16,)},
+    ),
+    ("cuda", True): (
+        {"name": "FLASHINFER_MLA", "runs_on": lambda cc: cc[0] == 10, "sizes": (32, 64)},
+        {"name": "CUTLASS_MLA", "runs_on": lambda cc: cc[0] == 10, "sizes": (128,)},
+        {"name": "FLASH_ATTN_MLA", "runs_on": lambda cc: cc[0] == 9, "sizes": (16,)},
+        {"name": "FLASHMLA", "runs_on": lambda cc: cc[0] in (9, 10), "sizes": (64,)},
+        {"name": "TRITON_MLA", "runs_on": lambda cc: True, "sizes": (16,)},
+    ),
+    ("cpu", False): ({"name": "CPU_ATTN", "sizes": (32,), "default": 128},),
+    ("cpu", True): (
+        {"name": "CPU_AMX_MLA", "amx": True, "sizes": (32,), "default": 128},
+        {"name": "CPU_MLA", "amx": False, "sizes": (16,), "forced": 16},
+    ),
+}
+# Compute capabilities tried when a plan for CUDA does not give one: the block size is used only if they agree.
+CAPABILITIES = ((7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0))
+AMX_FLAG = "amx_tile"  # /proc/cpuinfo; vLLM asks torch.cpu._is_amx_tile_supported()
 
 # kv_cache_dtype -> bytes per element (None: the model's dtype). fp8_ds_mla is a fixed 656-byte row.
 KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "half": 2,
@@ -203,8 +250,9 @@ def _version(vllm_version):
 # The model: what vLLM's config code derives from config.json
 # --------------------------------------------------------------------------------------------------
 
-def _model_shape(model):
-    """Attention layout of a config.json dict: per-layer sliding windows, KV heads, head sizes, MLA."""
+def _model_shape(model, dtype=None):
+    """Attention layout of a config.json dict: per-layer sliding windows, KV heads, head sizes, MLA.
+    dtype: the --dtype vLLM is given (None or auto: the checkpoint's 16-bit dtype)."""
     model = _mapping(model, "model")
     if not model:
         _fail("model must be the model's config.json as a dict (e.g. from_json), got an empty value")
@@ -256,16 +304,22 @@ def _model_shape(model):
                   "(linear-attention, Mamba and chunked-attention layers are not)" % (prefix, index, kind))
         windows.append(window if kind == "sliding_attention" else None)
 
-    dtype = str(text.get("torch_dtype") or text.get("dtype") or model.get("torch_dtype")
-                or model.get("dtype") or "bfloat16")
-    # vLLM serves float32 checkpoints in 16 bits by default, so every supported dtype stores 2 bytes.
-    if dtype not in ("bfloat16", "float16", "float32", "half", "float"):
-        _fail("%s.torch_dtype %r is not a dtype this filter knows (bfloat16, float16, float32)" % (prefix, dtype))
+    config_dtype = str(text.get("torch_dtype") or text.get("dtype") or model.get("torch_dtype")
+                       or model.get("dtype") or "bfloat16")
+    if config_dtype not in ("bfloat16", "float16", "float32", "half", "float"):
+        _fail("%s.torch_dtype %r is not a dtype this filter knows (bfloat16, float16, float32)"
+              % (prefix, config_dtype))
+    # vLLM serves float32 checkpoints in 16 bits unless --dtype says otherwise.
+    dtype_bytes = DTYPES.get(dtype or "auto") or 2
 
     experts = get("num_local_experts") or get("num_experts") or get("n_routed_experts")
     mlp_width = (get("moe_intermediate_size") or get("intermediate_size") or 4 * hidden)
     if experts:
         mlp_width = mlp_width * (get("num_experts_per_tok") or 1) + (get("n_shared_experts") or 0) * mlp_width
+    quantized = bool(text.get("quantization_config") or model.get("quantization_config"))
+    weights, how = _weight_bytes(model, text, heads, kv_heads, head_size, hidden, layers, experts, get)
+    if dtype_bytes == 4 and not quantized:
+        weights, how = weights * 2, how + ", served in float32"
     return {
         "name": str(model.get("_name") or model.get("_name_or_path") or "the model"),
         "model_arg": model.get("_name") or model.get("_name_or_path"),
@@ -273,8 +327,7 @@ def _model_shape(model):
         "head_size": head_size, "head_size_v": head_size_v, "mla": mla, "windows": tuple(windows),
         "hidden": hidden, "mlp_width": mlp_width, "vocab": get("vocab_size") or 32000,
         "max_len": _derived_max_len(text, get, model_type),
-        "weight_bytes": _weight_bytes(model, text, heads, kv_heads, head_size, hidden, layers, experts, get),
-        "quantized": bool(text.get("quantization_config") or model.get("quantization_config")),
+        "weight_bytes": (weights, how), "quantized": quantized, "dtype_bytes": dtype_bytes,
     }
 
 
@@ -331,7 +384,7 @@ def _bytes_per_token(shape, tp, kv_cache_dtype):
         if not shape["mla"]:
             _fail("kv_cache_dtype fp8_ds_mla is only for MLA models (DeepSeek), not %s" % shape["name"])
         return FP8_DS_MLA_ROW
-    dtype_bytes = KV_DTYPE_BYTES[kv_cache_dtype] or 2
+    dtype_bytes = KV_DTYPE_BYTES[kv_cache_dtype] or shape["dtype_bytes"]
     if shape["mla"]:
         # MLA is one latent "head" per token, the same on every TP rank.
         return shape["head_size"] * dtype_bytes
@@ -371,7 +424,7 @@ def _pp_stages(layers, pp):
 
 def _layout(shape, tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype, block_size,
             max_num_batched_tokens, async_scheduling, vllm_version, device):
-    """Everything the KV arithmetic needs, resolved from the arguments and the version's defaults."""
+    """Everything the KV arithmetic needs, resolved from the arguments, the device (_device) and the version."""
     version = _version(vllm_version)
     row = VERSIONS[version]
     tp = _int(tensor_parallel_size, "tensor_parallel_size")
@@ -380,23 +433,97 @@ def _layout(shape, tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype,
         _fail("pipeline_parallel_size %d is more than the %d layers of %s" % (pp, shape["layers"], shape["name"]))
     if kv_cache_dtype not in KV_DTYPE_BYTES:
         _fail("kv_cache_dtype %r is not supported here (supported: %s)" % (kv_cache_dtype, ", ".join(KV_DTYPE_BYTES)))
-    if device not in ("cuda", "cpu"):
-        _fail("device must be cuda or cpu, got %r" % (device,))
-    if block_size is None:
-        block_size = row["block_size"] if device == "cuda" else (16 if shape["mla"] else row["cpu_block_size"])
-    block_size = _int(block_size, "block_size")
+    attention = _attention(shape, version, device, _int(block_size, "block_size", allow_none=True))
+    block_size = attention["block_size"]
+    cpu = device["type"] == "cpu"
     if max_num_batched_tokens is None:
-        max_num_batched_tokens = (row["cpu_batch_defaults"][0] * tp * pp if device == "cpu"
-                                  else row["batch_defaults"][-1][2])
+        max_num_batched_tokens = row["cpu_batch_defaults"][0] * tp * pp if cpu else row["batch_defaults"][-1][2]
     batched = _int(max_num_batched_tokens, "max_num_batched_tokens")
     if async_scheduling is None:
-        async_scheduling = row["async_scheduling"] and device == "cuda"
+        async_scheduling = row["async_scheduling"] and not cpu
     in_flight = batched if row["in_flight"] == "batch" else (pp + 1 if async_scheduling else pp) * batched
     return {
         "shape": shape, "version": version, "row": row, "tp": tp, "pp": pp, "block_size": block_size,
+        "attention": attention,
         "in_flight": in_flight, "page": block_size * _bytes_per_token(shape, tp, kv_cache_dtype),
         "groups": _groups(shape["windows"]), "stages": _pp_stages(shape["layers"], pp),
     }
+
+
+def _device(device, compute_capability=None, cpu_flags=None):
+    """The facts about the device that decide vLLM's attention backend: cuda with its compute capability (None:
+    unknown), or cpu with its /proc/cpuinfo flags (None: unknown)."""
+    if device not in ("cuda", "cpu"):
+        _fail("device must be cuda or cpu, got %r" % (device,))
+    capability = None
+    if compute_capability is not None:
+        try:
+            capability = tuple(int(p) for p in str(compute_capability).split("."))
+        except ValueError:
+            capability = ()
+        if len(capability) != 2:
+            _fail("compute_capability must look like \"8.6\" (nvidia-smi's compute_cap), got %r"
+                  % (compute_capability,))
+    flags = None
+    if cpu_flags is not None:
+        if isinstance(cpu_flags, str):
+            cpu_flags = cpu_flags.split()
+        if not isinstance(cpu_flags, list) or not all(isinstance(f, str) for f in cpu_flags):
+            _fail("cpu_flags must be the CPU's flags (the 'flags' line of /proc/cpuinfo), got %r" % (cpu_flags,))
+        flags = frozenset(cpu_flags)
+    return {"type": device, "capability": capability, "cpu_flags": flags}
+
+
+def _accepts(backend, block_size):
+    return any(block_size % size == 0 for size in backend["sizes"])
+
+
+def _backend_block(backends, requested, default):
+    """(backend, block size) vLLM settles on among backends that run on the device, in order (None: none takes
+    the requested size)."""
+    if not backends:
+        return None
+    if backends[0].get("forced"):
+        return backends[0], backends[0]["forced"]
+    if requested is None:
+        first = backends[0]
+        default = first.get("default", default)
+        return first, default if _accepts(first, default) else min(first["sizes"])
+    return next(((b, requested) for b in backends if _accepts(b, requested)), None)
+
+
+def _attention(shape, version, device, block_size):
+    """The attention backend vLLM picks on the device and the KV block size it then uses (see ATTENTION).
+    Fails when no backend takes the requested block size, and when the answer depends on a fact not given."""
+    default = VERSIONS[version]["block_size"]
+    table = ATTENTION[(device["type"], shape["mla"])]
+    kind = "an MLA model" if shape["mla"] else "standard attention"
+    if device["type"] == "cpu":
+        if device["cpu_flags"] is None and len(table) > 1:
+            _fail("on the CPU build, %s gets block size 128 with AMX tiles and 16 without: give cpu_flags (the "
+                  "'flags' line of /proc/cpuinfo) or block_size" % kind)
+        amx = device["cpu_flags"] is not None and AMX_FLAG in device["cpu_flags"]
+        candidates = {None: [b for b in table if b.get("amx", amx) == amx]}
+    elif device["capability"] is not None:
+        candidates = {device["capability"]: [b for b in table if b["runs_on"](device["capability"])]}
+    else:
+        candidates = {cc: [b for b in table if b["runs_on"](cc)] for cc in CAPABILITIES}
+    chosen = {cc: _backend_block(backends, block_size, default) for cc, backends in candidates.items()}
+    refused = sorted("%d.%d" % cc if cc else device["type"] for cc, pick in chosen.items() if pick is None)
+    if refused:
+        _fail("block_size %d: no attention backend vLLM %s has for %s on %s takes it (%s); vLLM would fail at "
+              "start (\"No valid attention backend\" or \"No common block size for %d\")" % (
+                  block_size, version, kind, ", ".join(refused), "; ".join(
+                      "%s: multiples of %s" % (b["name"], " or ".join(str(x) for x in b["sizes"]))
+                      for b in table), block_size))
+    sizes = {pick[1] for pick in chosen.values()}
+    if len(sizes) > 1:
+        _fail("on CUDA, vLLM %s gives %s block size %s depending on the GPU: give compute_capability or block_size"
+              % (version, kind, " or ".join(str(x) for x in sorted(sizes))))
+    names = sorted({pick[0]["name"] for pick in chosen.values()})
+    first = {cc: backends[0]["name"] for cc, backends in candidates.items() if backends}
+    precluded = sorted({first[cc] for cc, pick in chosen.items() if pick[0]["name"] != first[cc]})
+    return {"backend": " or ".join(names), "block_size": sizes.pop(), "precluded": precluded}
 
 
 def _blocks(window, max_model_len, in_flight, block_size):
@@ -495,21 +622,25 @@ def _check_message(lay, max_model_len, failed):
 
 def vllm_kv_cache_bytes(model, max_model_len, tensor_parallel_size=1, pipeline_parallel_size=1,
                         kv_cache_dtype="auto", block_size=None, max_num_batched_tokens=None,
-                        async_scheduling=None, vllm_version=None, device="cuda"):
+                        async_scheduling=None, vllm_version=None, device="cuda", compute_capability=None,
+                        cpu_flags=None):
     """Bytes of KV cache one request at max_model_len needs on one GPU (the busiest pipeline stage),
     as vLLM's startup check counts them, without the null block."""
     lay = _layout(_model_shape(model), tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype, block_size,
-                  max_num_batched_tokens, async_scheduling, vllm_version, device)
+                  max_num_batched_tokens, async_scheduling, vllm_version,
+                  _device(device, compute_capability, cpu_flags))
     return _request_bytes(lay, _int(max_model_len, "max_model_len"))
 
 
 def vllm_max_model_len(model, kv_cache_bytes, tensor_parallel_size=1, pipeline_parallel_size=1,
                        kv_cache_dtype="auto", block_size=None, max_num_batched_tokens=None,
-                       async_scheduling=None, vllm_version=None, device="cuda", max_model_len=None):
+                       async_scheduling=None, vllm_version=None, device="cuda", max_model_len=None,
+                       compute_capability=None, cpu_flags=None):
     """Largest max_model_len vLLM's startup check accepts with kv_cache_bytes of KV memory per GPU;
     vLLM's own binary search between 1 and max_model_len (default: the model's derived maximum)."""
     lay = _layout(_model_shape(model), tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype, block_size,
-                  max_num_batched_tokens, async_scheduling, vllm_version, device)
+                  max_num_batched_tokens, async_scheduling, vllm_version,
+                  _device(device, compute_capability, cpu_flags))
     memory = _int(kv_cache_bytes, "kv_cache_bytes", minimum=0)
     upper = lay["shape"]["max_len"] if max_model_len is None else _int(max_model_len, "max_model_len")
     return _max_len(lay, memory, upper)
@@ -607,6 +738,7 @@ def _budget(lay, ctx, seqs, weights=None):
     parallel = lay["tp"] * lay["pp"]
     if weights is None:
         weights = _cdiv(shape["weight_bytes"][0], parallel)
+    weights = max(0, weights - int(ctx["serve"].get("cpu_offload_gb", 0) * GiB))
     sharded = 3 * shape["mlp_width"] + (shape["heads"] + 2 * shape["kv_heads"]) * shape["head_size"]
     per_token = 2 * (2 * shape["hidden"] + sharded // lay["tp"])
     activation = policy.get("activation_bytes")
@@ -625,6 +757,10 @@ def _budget(lay, ctx, seqs, weights=None):
         # 0.34 sizes KV after warm-up and keeps max(1 GiB, 0.75 x activation peak) of the device free.
         margin = max(EXTENSIBLE_MARGIN_FLOOR, int(activation * EXTENSIBLE_MARGIN_FRACTION))
         kv = min(requested - not_kv, usable - not_kv - margin) - activation
+    if ctx["serve"].get("num_gpu_blocks_override") is not None:
+        kv = ctx["serve"]["num_gpu_blocks_override"] * max(_stage_block_bytes(lay, s) for s in lay["stages"])
+    elif ctx["serve"].get("kv_cache_memory_bytes") is not None:
+        kv = ctx["serve"]["kv_cache_memory_bytes"]  # vLLM then ignores the utilization for the KV size
     return {"usable_bytes": usable, "requested_bytes": requested, "weights_bytes": weights,
             "activation_peak_bytes": activation, "cuda_graph_bytes": graphs, "non_torch_bytes": non_torch,
             "kv_cache_bytes": max(kv, 0)}
@@ -640,7 +776,7 @@ def _tp_candidates(shape, start, count, allow_more):
 def _attempt(ctx, tp, kv_dtype, seqs):
     """Size one configuration; returns the facts about it (fits or not, and why)."""
     lay = _layout(ctx["shape"], tp, ctx["pp"], kv_dtype, ctx["block_size"], ctx["batched"], None, ctx["version"],
-                  "cuda")
+                  ctx["device"])
     budget = _budget(lay, ctx, seqs)
     kv = budget["kv_cache_bytes"]
     fit_len = _max_len(lay, kv, ctx["target_len"])
@@ -670,9 +806,10 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
     """The vLLM plan for one host or GPU group: engine arguments, environment, memory budget, fit."""
     workload = _mapping(workload, "workload")
     policy = _mapping(policy, "policy")
-    shape = _model_shape(model)
     version = _version(policy.get("vllm_version"))
     row = VERSIONS[version]
+    serve = _serve_options(policy.get("serve_options"), version)
+    shape = _model_shape(model, serve.get("dtype"))
     host = policy.get("host")
     where = ("host %s: " % host) if host else ""
     name = str(policy.get("model") or shape["name"])  # for messages; the model may have no name
@@ -729,7 +866,8 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
            "block_size": policy.get("block_size"), "batched": batched,
            "usable": usable, "utilization": utilization, "enforce_eager": enforce_eager, "policy": policy,
            "extensible": row["extensible_kv_cache"], "target_len": target, "floor_len": floor,
-           "p99": p99, "peak": peak,
+           "p99": p99, "peak": peak, "serve": serve,
+           "device": {"type": "cuda", "capability": capability[:2], "cpu_flags": None},
            "min_seqs": _int(policy.get("min_num_seqs", max(1, (peak or 0) // 2)), "policy.min_num_seqs")}
 
     # Fallbacks in order: shorter max_model_len (inside _attempt), fp8 KV cache, fewer max_num_seqs,
@@ -805,8 +943,19 @@ def _plan(ctx, result, fits, tried):
     }
     if pp > 1:
         engine_args["pipeline_parallel_size"] = pp
-    if ctx["block_size"] is not None:
-        engine_args["block_size"] = ctx["block_size"]
+    # Always explicit: the plan's arithmetic and the server then use the same block size by construction.
+    engine_args["block_size"] = lay["block_size"]
+    attention = lay["attention"]
+    applied.append("block_size %d: %s" % (lay["block_size"], (
+        "as set in the policy" if ctx["block_size"] is not None else
+        "what vLLM %s gives %s on compute capability %s" % (
+            ctx["version"], attention["backend"], ".".join(str(x) for x in ctx["device"]["capability"])))))
+    if attention["precluded"]:
+        warnings.append("block_size %d rules out vLLM's preferred attention backend %s: it uses %s instead, "
+                        "which may be slower" % (lay["block_size"], ", ".join(attention["precluded"]),
+                                                 attention["backend"]))
+    engine_args.update(ctx["serve"])
+    _serve_warnings(ctx, budget, warnings)
     env = {}
     if ctx["policy"].get("expandable_segments", True):
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -825,7 +974,8 @@ def _plan(ctx, result, fits, tried):
         "fits": fits, "reason": "", "vllm_version": ctx["version"], "host": ctx["host"], "model": _model_arg(ctx),
         "gpus": {"name": ctx["gpu_name"], "count": ctx["gpu_count"], "used": tp * pp},
         "engine_args": engine_args, "env": env, "budget_per_gpu": budget,
-        "block_size": lay["block_size"], "kv_cache_tokens": capacity["tokens"],
+        "block_size": lay["block_size"], "attention_backend": lay["attention"]["backend"],
+        "kv_cache_tokens": capacity["tokens"],
         "concurrency_at_max_model_len": round(capacity["concurrency"], 2),
         "kv_bytes_per_request": _request_bytes(lay, length),
         "applied": applied, "warnings": warnings,
@@ -837,6 +987,22 @@ def _plan(ctx, result, fits, tried):
     else:
         plan["reason"] = _misfit_reason(ctx, result, tried)
     return plan
+
+
+def _serve_warnings(ctx, budget, warnings):
+    """What the serving options change in the budget, said where the plan cannot check it."""
+    serve = ctx["serve"]
+    if serve.get("quantization") and not ctx["shape"]["quantized"]:
+        warnings.append("quantization %s of an unquantized checkpoint: the budget counts the checkpoint's weights "
+                        "(%s per GPU), so the KV cache vLLM gets will be larger than planned"
+                        % (serve["quantization"], _gib(budget["weights_bytes"])))
+    if "kv_cache_memory_bytes" in serve or "num_gpu_blocks_override" in serve:
+        outside = (budget["usable_bytes"] - budget["weights_bytes"] - budget["activation_peak_bytes"]
+                   - budget["cuda_graph_bytes"] - budget["non_torch_bytes"])
+        if budget["kv_cache_bytes"] > outside:
+            warnings.append("the KV cache pinned by serve_options (%s) is more than the %s left beside weights, "
+                            "activations, CUDA graphs and non-torch memory: expect CUDA OOM at start or under load"
+                            % (_gib(budget["kv_cache_bytes"]), _gib(outside)))
 
 
 def _model_arg(ctx):
@@ -905,9 +1071,9 @@ def vllm_serve_args(plan, serve=None):
         if key == "api_key":
             _fail("serve.api_key: the API key is never put on the command line (it shows in ps); "
                   "set VLLM_API_KEY in the service environment instead")
-        if key in SIZING_ARGS and args.get(key) is not None and value != args[key]:
-            _fail("serve.%s=%r conflicts with the plan's %r: change the sizing policy instead"
-                  % (key, value, args[key]))
+        if args.get(key) is not None and value != args[key]:
+            _fail("serve.%s=%r conflicts with the plan's %r: change the sizing policy (or policy.serve_options) "
+                  "instead" % (key, value, args[key]))
         args[key] = value
     if args.get("model") is None:
         _fail("plan.engine_args.model is empty: give the model as policy.model (or model._name) when sizing")
@@ -922,33 +1088,72 @@ def vllm_serve_args(plan, serve=None):
                   % (spec["flag"], key, version))
         if value is None:
             continue
-        out.extend(_render(key, spec, value, version))
+        out.extend(_render(key, spec, value, version, "serve." + key))
     return out
 
 
-def _render(key, spec, value, version):
+def _render(key, spec, value, version, field):
+    """The words of one flag; field names the input in errors."""
     kind = spec["kind"]
     if kind == "bool":
         if not isinstance(value, bool):
-            _fail("serve.%s must be true or false, got %r" % (key, value))
+            _fail("%s must be true or false, got %r" % (field, value))
         if value:
             return [spec["flag"]]
         negative = spec.get("false", {}).get(version)
         return [negative] if negative else []
     if isinstance(value, bool):
-        _fail("serve.%s takes a value, not %r" % (key, value))
+        _fail("%s takes a value, not %r" % (field, value))
     if kind == "list":
         values = value if isinstance(value, list) else [value]
-        if not values or not all(isinstance(v, (str, int)) for v in values):
-            _fail("serve.%s must be a string or a list of strings, got %r" % (key, value))
-        return [spec["flag"]] + [str(v) for v in values]
-    if kind == "json":
+        if not values or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in values):
+            _fail("%s must be a string or a list of strings, got %r" % (field, value))
+        words = [str(v) for v in values]
+    elif kind == "json":
         if not isinstance(value, dict):
-            _fail("serve.%s must be a dict, got %r" % (key, value))
-        return [spec["flag"], json.dumps(value, sort_keys=True, separators=(",", ":"))]
-    if not isinstance(value, (str, int, float)):
-        _fail("serve.%s must be a string or a number, got %r" % (key, value))
-    return [spec["flag"], str(value)]
+            _fail("%s must be a dict, got %r" % (field, value))
+        words = [json.dumps(value, sort_keys=True, separators=(",", ":"))]
+    elif not isinstance(value, (str, int, float)):
+        _fail("%s must be a string or a number, got %r" % (field, value))
+    else:
+        words = [str(value)]
+    for word in words:
+        # A newline or other control character would end the unit's ExecStart line and start another.
+        if not word or word.startswith("--") or any(ord(c) < 32 or ord(c) == 127 for c in word):
+            _fail("%s: %r is not a value vLLM can take (empty, a flag, or a control character)" % (field, word))
+    return [spec["flag"]] + words
+
+
+def _serve_options(options, version):
+    """policy.serve_options validated at the door: flags of the table that the planned version has, with values
+    of the right kind. Sizing arguments are the plan's to decide, the API key never goes on a command line."""
+    options = _mapping(options, "policy.serve_options")
+    available = VERSIONS[version]["flags"]
+    out = {}
+    for key in sorted(options):
+        value, field = options[key], "policy.serve_options.%s" % key
+        if key == "api_key":
+            _fail("%s: the API key is never put on the command line (it shows in ps); set VLLM_API_KEY in the "
+                  "service environment instead (the vllm role's vllm_api_key)" % field)
+        if key not in FLAGS:
+            _fail("%s is not an engine argument this filter knows (known: %s)"
+                  % (field, ", ".join(sorted(set(FLAGS) - set(SIZING_ARGS)))))
+        if key in SIZING_ARGS:
+            _fail("%s is decided by the plan: set %s instead" % (field, SIZING_POLICY.get(key, "policy." + key)))
+        if key not in available:
+            _fail("%s: %s does not exist in vLLM %s (passing it fails argument parsing)"
+                  % (field, FLAGS[key]["flag"], version))
+        if value is None:
+            continue
+        _render(key, FLAGS[key], value, version, field)
+        if key == "dtype" and value not in DTYPES:
+            _fail("%s must be one of %s, got %r" % (field, ", ".join(DTYPES), value))
+        if key in ("kv_cache_memory_bytes", "num_gpu_blocks_override"):
+            _int(value, field)
+        if key == "cpu_offload_gb" and (isinstance(value, str) or value < 0):
+            _fail("%s must be a number of GiB, at least 0, got %r" % (field, value))
+        out[key] = value
+    return out
 
 
 class FilterModule(object):

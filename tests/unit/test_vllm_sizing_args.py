@@ -85,7 +85,10 @@ def test_serve_cannot_contradict_the_plan(plan):
     with pytest.raises(AnsibleFilterError, match=r"serve.max_model_len=131072 conflicts with the plan's 16384"):
         vllm_serve_args(plan, {"max_model_len": 131072})
     assert vllm_serve_args(plan, {"max_model_len": 16384}) == vllm_serve_args(plan)
-    assert pairs(vllm_serve_args(plan, {"block_size": 32}))["--block-size"] == "32"  # not in the plan: allowed
+    # The plan always carries its block size, so the server cannot use another one than the arithmetic did.
+    assert pairs(vllm_serve_args(plan))["--block-size"] == "64"
+    with pytest.raises(AnsibleFilterError, match=r"serve.block_size=32 conflicts with the plan's 64"):
+        vllm_serve_args(plan, {"block_size": 32})
 
 
 @pytest.mark.parametrize("serve, message", [
@@ -228,4 +231,5 @@ def test_filters_from_a_template():
         cwd=ROOT, check=False, capture_output=True, text=True, timeout=120,
         env=dict(os.environ, ANSIBLE_FILTER_PLUGINS=os.path.join(ROOT, "filter_plugins"), ANSIBLE_NOCOLOR="1"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert '"msg": "35600 6039797760 --model Qwen/Qwen3-8B --gpu-memory-utilization 0.9' in result.stdout
+    expected = '"msg": "35600 6039797760 --model Qwen/Qwen3-8B --block-size 64 --gpu-memory-utilization 0.9'
+    assert expected in result.stdout

@@ -14,6 +14,11 @@ def cdiv(a, b):
     return -(-a // b)
 
 
+def per_token(model, **kwargs):
+    """KV bytes of one token (one block of 16, the smallest size every CUDA backend takes, over 16)."""
+    return vllm_kv_cache_bytes(model, 16, block_size=16, **kwargs) // 16
+
+
 def tiny_llama(**overrides):
     """vllm-facts.md's tiny Llama: 8 layers x 8 KV heads x head_dim 128, bf16 (32 KiB per token)."""
     config = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 8,
@@ -30,7 +35,7 @@ QWEN3_TOKEN = 36 * 8 * 128 * 2 * 2  # layers x KV heads x head_dim x (K and V) x
 
 def test_qwen3_bytes_per_token():
     assert QWEN3_TOKEN == 147456
-    assert vllm_kv_cache_bytes(QWEN3, 1, block_size=1) == 147456
+    assert per_token(QWEN3) == 147456
 
 
 def test_qwen3_full_context_needs_5_625_gib_printed_as_5_62():
@@ -47,7 +52,7 @@ def test_qwen3_4_89_gib_after_null_block_gives_35600():
 
 
 def test_qwen3_failed_check_prints_vllm_message():
-    lay = vs._layout(vs._model_shape(QWEN3), 1, 1, "auto", 16, None, None, "0.34.0", "cuda")
+    lay = vs._layout(vs._model_shape(QWEN3), 1, 1, "auto", 16, None, None, "0.34.0", vs._device("cuda"))
     memory = int(4.89 * GiB) + 16 * 147456
     failed = vs._startup_check(lay, memory, 40960)
     message = vs._check_message(lay, 40960, failed)
@@ -111,17 +116,17 @@ def test_head_dim_from_config_else_hidden_over_heads():
     explicit = tiny_llama(hidden_size=256, num_attention_heads=8, head_dim=64)
     derived = tiny_llama(hidden_size=256, num_attention_heads=8)
     del derived["head_dim"]
-    assert vllm_kv_cache_bytes(explicit, 1, block_size=1) == 8 * 8 * 64 * 2 * 2
-    assert vllm_kv_cache_bytes(derived, 1, block_size=1) == 8 * 8 * 32 * 2 * 2
+    assert per_token(explicit) == 8 * 8 * 64 * 2 * 2
+    assert per_token(derived) == 8 * 8 * 32 * 2 * 2
     null_head_dim = dict(derived, head_dim=None)
-    assert vllm_kv_cache_bytes(null_head_dim, 1, block_size=1) == 8 * 8 * 32 * 2 * 2
+    assert per_token(null_head_dim) == 8 * 8 * 32 * 2 * 2
 
 
 def test_missing_kv_heads_means_multi_head_attention():
     phi3 = vllm_model("microsoft/Phi-3-mini-4k-instruct")
     mha = dict(phi3, sliding_window=None)
     del mha["num_key_value_heads"]
-    assert vllm_kv_cache_bytes(mha, 1, block_size=1) == 32 * 32 * 96 * 2 * 2
+    assert per_token(mha) == 32 * 32 * 96 * 2 * 2
 
 
 def test_fp8_halves_and_bf16_equals_auto():
@@ -134,7 +139,7 @@ def test_float32_checkpoint_is_served_in_16_bits():
     gemma2 = vllm_model("google/gemma-2-9b-it")
     assert gemma2["torch_dtype"] == "float32"
     assert vllm_kv_cache_bytes(gemma2, 8192) == vllm_kv_cache_bytes(dict(gemma2, torch_dtype="bfloat16"), 8192)
-    assert vllm_kv_cache_bytes(dict(gemma2, sliding_window=None), 1, block_size=1) == 42 * 8 * 256 * 2 * 2
+    assert per_token(dict(gemma2, sliding_window=None)) == 42 * 8 * 256 * 2 * 2
 
 
 # --- Tensor and pipeline parallelism ------------------------------------------------------------------------------
@@ -142,11 +147,11 @@ def test_float32_checkpoint_is_served_in_16_bits():
 def test_tensor_parallel_divides_kv_heads_then_replicates():
     llama70 = vllm_model("meta-llama/Llama-3.1-70B-Instruct")  # 8 KV heads
     per_head = 80 * 128 * 2 * 2
-    assert vllm_kv_cache_bytes(llama70, 1, block_size=1) == 8 * per_head
-    assert vllm_kv_cache_bytes(llama70, 1, tensor_parallel_size=4, block_size=1) == 2 * per_head
-    assert vllm_kv_cache_bytes(llama70, 1, tensor_parallel_size=8, block_size=1) == per_head
+    assert per_token(llama70) == 8 * per_head
+    assert per_token(llama70, tensor_parallel_size=4) == 2 * per_head
+    assert per_token(llama70, tensor_parallel_size=8) == per_head
     # 8 KV heads on 16 GPUs: one replicated head per GPU, per-GPU KV stops shrinking.
-    assert vllm_kv_cache_bytes(llama70, 1, tensor_parallel_size=16, block_size=1) == per_head
+    assert per_token(llama70, tensor_parallel_size=16) == per_head
 
 
 def test_pipeline_parallel_splits_layers_like_vllm():
@@ -167,16 +172,29 @@ def test_pipeline_parallel_splits_layers_like_vllm():
 
 def test_mla_latent_is_one_head_replicated_across_tp():
     deepseek = vllm_model("deepseek-ai/DeepSeek-V2-Lite-Chat")
-    per_token = 27 * (512 + 64) * 2
-    assert vllm_kv_cache_bytes(deepseek, 1, block_size=1) == per_token == 31104
-    assert vllm_kv_cache_bytes(deepseek, 1, tensor_parallel_size=4, block_size=1) == per_token
-    assert vllm_kv_cache_bytes(deepseek, 1, kv_cache_dtype="fp8", block_size=1) == per_token // 2
-    assert vllm_kv_cache_bytes(deepseek, 1, kv_cache_dtype="fp8_ds_mla", block_size=1) == 27 * 656
+    latent = 27 * (512 + 64) * 2
+    assert per_token(deepseek) == latent == 31104
+    assert per_token(deepseek, tensor_parallel_size=4) == latent
+    assert per_token(deepseek, kv_cache_dtype="fp8") == latent // 2
+    assert per_token(deepseek, kv_cache_dtype="fp8_ds_mla") == 27 * 656
 
 
-def test_mla_uses_block_16_on_the_cpu_build():
+def test_mla_block_size_on_the_cpu_build_depends_on_amx():
+    # platforms/cpu.py: the AMX MLA backend with 128-token blocks when the CPU has AMX tiles; else the reference
+    # MLA backend, which forces 16 even over a requested size.
     deepseek = vllm_model("deepseek-ai/DeepSeek-V2-Lite-Chat")
-    assert vllm_kv_cache_bytes(deepseek, 17, vllm_version="0.32.0", device="cpu") == 2 * 16 * 31104
+    amx = ["fpu", "avx512f", "avx512_fp16", "amx_bf16", "amx_tile", "amx_int8"]
+    no_amx = ["fpu", "avx2", "avx512f", "avx512_bf16"]
+    cpu = {"vllm_version": "0.32.0", "device": "cpu"}
+    assert vllm_kv_cache_bytes(deepseek, 17, cpu_flags=no_amx, **cpu) == 2 * 16 * 31104
+    assert vllm_kv_cache_bytes(deepseek, 17, cpu_flags=no_amx, block_size=128, **cpu) == 2 * 16 * 31104
+    assert vllm_kv_cache_bytes(deepseek, 17, cpu_flags=amx, **cpu) == 128 * 31104
+    assert vllm_kv_cache_bytes(deepseek, 17, cpu_flags=" ".join(amx), block_size=64, **cpu) == 64 * 31104
+    with pytest.raises(vs.AnsibleFilterError, match=r"gets block size 128 with AMX tiles and 16 without: give "
+                                                    r"cpu_flags"):
+        vllm_kv_cache_bytes(deepseek, 17, **cpu)
+    # Standard attention takes 128 on either kind of CPU, so no flags are needed.
+    assert vllm_kv_cache_bytes(QWEN3, 17, **cpu) == 128 * QWEN3_TOKEN
 
 
 def test_fp8_ds_mla_is_only_for_mla():
@@ -272,7 +290,7 @@ def test_default_block_size_per_version():
 
 
 def test_0_11_message_spelling():
-    lay = vs._layout(vs._model_shape(tiny_llama()), 1, 1, "auto", 128, None, None, "0.11.0", "cpu")
+    lay = vs._layout(vs._model_shape(tiny_llama()), 1, 1, "auto", 128, None, None, "0.11.0", vs._device("cpu"))
     message = vs._check_message(lay, 65536, vs._startup_check(lay, GiB, 65536))
     assert message.startswith("To serve at least one request with the models's max seq len (65536), (2.00 GiB KV "
                               "cache is needed, which is larger than the available KV cache memory (1.00 GiB).")
@@ -307,7 +325,7 @@ def test_derived_max_len_rope_and_fallbacks():
 
 def test_search_matches_brute_force():
     gpt_oss = vllm_model("openai/gpt-oss-20b")
-    lay = vs._layout(vs._model_shape(gpt_oss), 1, 1, "auto", 16, 512, None, "0.34.0", "cuda")
+    lay = vs._layout(vs._model_shape(gpt_oss), 1, 1, "auto", 16, 512, None, "0.34.0", vs._device("cuda"))
     stage = lay["stages"][0]
     memory = 300 * MiB
     available = vs._check_memory(lay, stage, memory)
@@ -316,7 +334,7 @@ def test_search_matches_brute_force():
 
 
 def test_capacity_like_vllm_log():
-    lay = vs._layout(vs._model_shape(tiny_llama()), 1, 1, "auto", None, None, None, "0.32.0", "cpu")
+    lay = vs._layout(vs._model_shape(tiny_llama()), 1, 1, "auto", None, None, None, "0.32.0", vs._device("cpu"))
     capacity = vs._capacity(lay, GiB, 16384)
     assert capacity["num_blocks"] == 256 and capacity["blocks_per_request"] == 128
     assert capacity["tokens"] == 32768 and capacity["concurrency"] == 2.0

@@ -99,7 +99,7 @@ def test_step1_shorter_max_model_len(a10g):
     assert plan["engine_args"]["kv_cache_dtype"] == "auto"
     assert any(line.startswith("max_model_len %d: 40960 does not fit" % length) for line in plan["applied"])
     # What is left fits one request at that length, by vLLM's own check.
-    lay = vs._layout(vs._model_shape(QWEN3), 1, 1, "auto", None, None, None, "0.34.0", "cuda")
+    lay = vs._layout(vs._model_shape(QWEN3), 1, 1, "auto", None, None, None, "0.34.0", vs._device("cuda"))
     assert vs._startup_check(lay, plan["budget_per_gpu"]["kv_cache_bytes"], length) is None
 
 
@@ -207,11 +207,13 @@ def test_batched_tokens_at_least_max_num_seqs(h100x8):
 def test_plan_keys(a10g):
     plan = plan_for(a10g, workload={"p99_context": 4096, "peak_concurrency": 2}, host="a10-1")
     assert set(plan) == {"fits", "reason", "vllm_version", "host", "model", "gpus", "engine_args", "env",
-                         "budget_per_gpu", "block_size", "kv_cache_tokens", "concurrency_at_max_model_len",
-                         "kv_bytes_per_request", "applied", "warnings"}
+                         "budget_per_gpu", "block_size", "attention_backend", "kv_cache_tokens",
+                         "concurrency_at_max_model_len", "kv_bytes_per_request", "applied", "warnings"}
     assert set(plan["engine_args"]) == {"model", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
                                         "max_num_batched_tokens", "kv_cache_dtype", "tensor_parallel_size",
-                                        "enforce_eager"}
+                                        "enforce_eager", "block_size"}
+    assert plan["engine_args"]["block_size"] == plan["block_size"] == 64
+    assert plan["attention_backend"] == "FLASH_ATTN"
     assert plan["host"] == "a10-1" and plan["engine_args"]["model"] == "Qwen/Qwen3-8B"
     assert plan["reason"].startswith("Qwen/Qwen3-8B fits on 1 x NVIDIA A10G")
 
