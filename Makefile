@@ -10,7 +10,8 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PLAYBOOKS := $(wildcard playbooks/*.yml)
 SCENARIOS := balancer schedule fleet
 
-.PHONY: help venv host image wheelhouse controller-vllm models fleet-deps lint unit check oracle molecule test demo bench clean
+.PHONY: help venv host image wheelhouse controller-vllm models controller-check fleet-deps lint unit check oracle molecule \
+	test demo bench clean
 
 help:
 	@echo "make demo   deploy to a local test fleet and show the result"
@@ -42,7 +43,10 @@ models: controller-vllm
 	# A LoRA adapter for tiny-llama (runtime LoRA tests).
 	$(VLLM_FLEET_CACHE)/vllm-venv/bin/python scripts/make_test_lora.py $(VLLM_FLEET_CACHE)/models/tiny-llama \
 	  $(VLLM_FLEET_CACHE)/models/tiny-llama-lora
-fleet-deps: image wheelhouse models
+# Once per make run, before any scenario: the controller's vLLM must serve a completion on this CPU, or nothing can.
+controller-check: models
+	$(VLLM_FLEET_CACHE)/vllm-venv/bin/python scripts/check_controller_vllm.py $(VLLM_FLEET_CACHE)/models/tiny-llama
+fleet-deps: image wheelhouse models controller-check
 
 lint: venv
 	$(BIN)/yamllint --strict .
@@ -52,7 +56,7 @@ unit: venv
 	$(BIN)/pytest tests/unit tests/playbooks -q
 check: lint unit
 
-oracle: venv controller-vllm
+oracle: venv controller-check
 	$(BIN)/pytest tests/oracle -q -m oracle
 molecule: venv fleet-deps
 	for s in $(SCENARIOS); do $(BIN)/molecule test -s $$s || exit 1; done

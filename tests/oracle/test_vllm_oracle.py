@@ -3,15 +3,14 @@
 Each case builds a tiny random-weight model of one attention shape (scripts/make_test_model.py, cached), starts
 vLLM's API server on 127.0.0.1 with a small KV cache and a max_model_len too long for it, and compares what vLLM
 prints ("X GiB KV cache is needed ... available KV cache memory (Y GiB) ... the estimated maximum model length is
-N", or "CPU KV cache size: N tokens" when it starts) with what the filters compute. The block size, batched tokens
-and async scheduling vLLM used are read from vLLM's own resolved config (EngineArgs.create_engine_config), not
-assumed. Servers run two at a time (the module fixture starts them all), each bounded by a timeout.
+N", or "CPU KV cache size: N tokens" when it starts) with what the filters compute. The filters are given only
+what an operator knows (the flags passed, this CPU's /proc/cpuinfo flags); the block size, batched tokens and async
+scheduling vLLM resolved are read from its own config (EngineArgs.create_engine_config) and must agree. Servers run
+two at a time (the module fixture starts them all), each bounded by a timeout.
 """
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +20,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import vllm_sizing as vs  # noqa: E402
+from check_controller_vllm import free_port, stop  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 
@@ -35,6 +36,13 @@ MAX_LEN = 65536
 if not os.path.exists(PYTHON):
     pytest.skip("no controller vLLM venv at %s (make controller-vllm builds it)" % PYTHON, allow_module_level=True)
 
+
+def _cpu_flags():
+    with open("/proc/cpuinfo") as handle:
+        return next((line.split(":", 1)[1].split() for line in handle if line.startswith("flags")), [])
+
+
+CPU_FLAGS = _cpu_flags()
 CHECK = re.compile(r"To serve at least one request with the models?'s max seq len \((\d+)\), \(([\d.]+) GiB KV cache "
                    r"is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)\. "
                    r"(?:Based on the available memory, the estimated maximum model length is (\d+)\.)?")
@@ -77,6 +85,9 @@ CASES = {
     "gemma3-pattern": ("gemma3", 8_000_000, [], False, False),
     "layer-types": ("layer-types", 6_000_000, [], False, False),
     "mla": ("mla", 4_000_000, [], False, True),
+    # Block sizes passed explicitly, as plans do: 64 is used as given; MLA on a CPU without AMX is forced to 16.
+    "explicit-block": ("gqa", 50_000_000, ["--block-size", "64"], False, False),
+    "mla-block-128": ("mla", 4_000_000, ["--block-size", "128"], False, True),
 }
 
 
@@ -105,6 +116,8 @@ def _engine_args(case, model_dir):
         args["kv_cache_memory_bytes"] = memory
     if "--kv-cache-dtype" in extra:
         args["kv_cache_dtype"] = extra[extra.index("--kv-cache-dtype") + 1]
+    if "--block-size" in extra:
+        args["block_size"] = int(extra[extra.index("--block-size") + 1])
     return args
 
 
@@ -142,18 +155,12 @@ def setup(tmp_path_factory):
     return dirs, json.loads(lines[-1][len("PROBE "):]), {case: future.result() for case, future in served.items()}
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _serve(model_dir, memory, extra, log_path):
     """Start vLLM's API server; return (check match, capacity match, log tail). Stops it once it has spoken."""
     env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     command = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-               "--max-model-len", str(MAX_LEN), "--enforce-eager", "--host", "127.0.0.1", "--port", str(_free_port())]
+               "--max-model-len", str(MAX_LEN), "--enforce-eager", "--host", "127.0.0.1", "--port", str(free_port())]
     if memory is None:
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     else:
@@ -164,7 +171,7 @@ def _serve(model_dir, memory, extra, log_path):
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
         # A start that hangs silently is stopped too: the watchdog ends the output loop below.
-        watchdog = threading.Timer(START_TIMEOUT, _stop, (proc,))
+        watchdog = threading.Timer(START_TIMEOUT, stop, (proc,))
         watchdog.start()
         try:
             for line in proc.stdout:
@@ -175,28 +182,16 @@ def _serve(model_dir, memory, extra, log_path):
                     break
         finally:
             watchdog.cancel()
-            _stop(proc)
+            stop(proc)
     with open(log_path) as log:
         tail = log.read()[-4000:]
     return check, capacity, tail
 
 
-def _stop(proc):
-    """Stop the whole process group this test started: API server, EngineCore and the CPU worker."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=30)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def _layout(config, settings, kv_cache_dtype):
     return vs._layout(vs._model_shape(config), 1, 1, kv_cache_dtype, settings["block_size"],
-                      settings["max_num_batched_tokens"], settings["async_scheduling"], VERSION, "cpu")
+                      settings["max_num_batched_tokens"], settings["async_scheduling"], VERSION,
+                      vs._device("cpu", cpu_flags=CPU_FLAGS))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -207,14 +202,18 @@ def test_filters_match_vllm(case, setup, record_property):
     with open(os.path.join(dirs[shape], "config.json")) as handle:
         config = json.load(handle)  # what from_json gives on the real config.json
     kv_dtype = extra[extra.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in extra else "auto"
+    requested_block = _engine_args(case, dirs[shape]).get("block_size")
     memory_bytes = memory if memory is not None else vs.GiB
-    options = {"block_size": settings["block_size"], "max_num_batched_tokens": settings["max_num_batched_tokens"],
+    options = {"block_size": requested_block, "max_num_batched_tokens": settings["max_num_batched_tokens"],
                "async_scheduling": settings["async_scheduling"], "vllm_version": VERSION, "device": "cpu",
-               "kv_cache_dtype": kv_dtype}
+               "kv_cache_dtype": kv_dtype, "cpu_flags": CPU_FLAGS}
 
-    # The CPU defaults the version table assumes are the ones vLLM resolved.
-    defaults = vs._layout(vs._model_shape(config), 1, 1, kv_dtype, None, None, None, VERSION, "cpu")
-    assert defaults["block_size"] == settings["block_size"] and settings["async_scheduling"] is False
+    # The block size the filter resolves from this CPU's flags is the one vLLM resolved here.
+    defaults = vs._layout(vs._model_shape(config), 1, 1, kv_dtype, requested_block, None, None, VERSION,
+                          vs._device("cpu", cpu_flags=CPU_FLAGS))
+    amx = "AMX" if vs.AMX_FLAG in CPU_FLAGS else "no AMX"
+    assert defaults["block_size"] == settings["block_size"], (defaults["attention"], amx)
+    assert settings["async_scheduling"] is False
 
     check, capacity, tail = served[case]
     if optional and not (check or capacity):
@@ -240,3 +239,30 @@ def test_filters_match_vllm(case, setup, record_property):
     assert printed_needed == vs._format_gib(ours_needed)
     assert printed_available == vs._format_gib(vs._check_memory(lay, lay["stages"][0], memory_bytes))
     assert int(printed_estimate or 0) == ours_estimate
+
+
+ISA_PROBE = """
+import json, torch
+from vllm.v1.attention.backends import cpu_attn
+out = {}
+for amx in (True, False):
+    torch.cpu._is_amx_tile_supported = lambda: amx  # the fact vLLM reads; the kernels are never run
+    out[str(amx)] = {dtype: cpu_attn._get_attn_isa(getattr(torch, dtype), 128, 64)
+                     for dtype in ("bfloat16", "float16")}
+print("ISA " + json.dumps(out))
+"""
+
+
+def test_float16_test_models_avoid_the_amx_kernels():
+    """vLLM's own kernel choice, with AMX tiles reported present and absent (this machine may have either): bfloat16
+    takes the amx kernels that died here with an illegal instruction; the test models' float16 never does."""
+    result = subprocess.run([PYTHON, "-c", ISA_PROBE], check=False, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, VLLM_NO_USAGE_STATS="1"))
+    lines = [line for line in result.stdout.splitlines() if line.startswith("ISA ")]
+    assert lines, result.stderr[-3000:]
+    isa = json.loads(lines[-1][len("ISA "):])
+    assert isa["True"] == {"bfloat16": "amx", "float16": "vec"}
+    assert isa["False"] == {"bfloat16": "vec", "float16": "vec"}
+    with open(os.path.join(MODELS, "tiny-llama", "config.json")) as handle:
+        config = json.load(handle)
+    assert (config.get("dtype") or config.get("torch_dtype")) == "float16"
