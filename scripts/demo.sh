@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 export ANSIBLE_CONFIG=$PWD/ansible.cfg ANSIBLE_FORCE_COLOR=${ANSIBLE_FORCE_COLOR:-1}
 inventory=molecule/shared/inventory/fleet.yml
-key=test-key-not-a-secret   # molecule/shared/inventory/group_vars/vllm.yml
+key='k3y\with "quotes" $HOME %i and spaces'   # molecule/shared/inventory/group_vars/vllm.yml
 out=reports/demo/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$out"
 
@@ -23,7 +23,7 @@ ansible-playbook -i "$inventory" playbooks/plan.yml -e plan_out="$PWD/$out/plan.
 # molecule/shared/tests/fleet.py, which the tests use with the same figures).
 under_load() {
   local name=$1; shift
-  LOADGEN_API_KEY=$key python tools/loadgen.py http://127.0.0.1:18080/v1/completions --model tiny-llama \
+  LOADGEN_API_KEY="$key" python tools/loadgen.py http://127.0.0.1:18080/v1/completions --model tiny-llama \
     --clients 2 --streaming-clients 1 --max-tokens 8 --pause 1.5 --duration 3600 --stop-file "$out/$name.stop" \
     --report "$out/$name-load.json" --events "$out/$name-load.jsonl" 2> "$out/$name-load.log" &
   local load_pid=$! rc=0

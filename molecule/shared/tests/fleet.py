@@ -1,13 +1,14 @@
 """Helpers for the Molecule verify tests: run commands and playbooks against the scenario's real test hosts."""
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
 
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.path.abspath(os.path.join(__file__, "../../../..")))
 INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE", "")
-API_KEY = "test-key-not-a-secret"  # molecule/shared/inventory/group_vars/vllm.yml
+API_KEY = 'k3y\\with "quotes" $HOME %i and spaces'  # molecule/shared/inventory/group_vars/vllm.yml
 
 
 def sh(host, cmd, check=True, timeout=120):
@@ -28,7 +29,7 @@ def http(host, path, data=None, key=API_KEY, port=8000, timeout=60):
     """(status, body) of an HTTP request made on the host itself, to its own loopback."""
     cmd = f"curl -s -m {timeout} -o /tmp/body -w '%{{http_code}}' http://127.0.0.1:{port}{path}"
     if key:
-        cmd += f" -H 'Authorization: Bearer {key}'"
+        cmd += " -H " + shlex.quote("Authorization: Bearer " + key)
     if data is not None:
         cmd += f" -H 'Content-Type: application/json' -d '{json.dumps(data)}'"
     out = sh(host, cmd + "; echo; cat /tmp/body", check=False, timeout=timeout + 10)

@@ -12,6 +12,9 @@ def http(url, payload=None, api_key="", timeout=30):
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = "Bearer " + api_key
+    # http.client refuses such a header with a ValueError that quotes it, and so the key: say so without it.
+    if any(ord(c) < 32 or ord(c) > 126 for value in headers.values() for c in value):
+        return None, "the API key holds a character an HTTP header cannot carry (not shown)"
     data = json.dumps(payload).encode() if payload is not None else None
     req = urllib.request.Request(url, data=data, headers=headers)
     try:

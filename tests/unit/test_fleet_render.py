@@ -1,0 +1,88 @@
+"""The renderers of filter_plugins/fleet_render.py and the checks of fleet_invalid.py, on the hostile values of
+issue 12. systemd and HAProxy read the same renderings back on real test hosts (molecule/balancer)."""
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from fleet_invalid import fleet_invalid
+from fleet_render import env_file, haproxy_word, systemd_comment, systemd_environment, systemd_exec, systemd_value
+
+HOSTILE = ["ends with \\", '"leading quote', "back\\\\slashes\\n", "  spaced  ", "$HOME and ${PATH}", "100%i", "`id`"]
+
+
+def test_exec_words_are_quoted_with_unit_file_escapes():
+    assert systemd_exec(["/bin/x", "a b", 'q"u', "back\\", "$HOME", "100%"]) == (
+        '"/bin/x" "a b" "q\\"u" "back\\\\" "$$HOME" "100%%"')
+
+
+def test_environment_doubles_percent_not_dollar():
+    assert systemd_environment({"B": "x$y", "A": 'say "hi" 5%\\'}) == (
+        'Environment="A=say \\"hi\\" 5%%\\\\"\nEnvironment="B=x$y"')
+
+
+def test_env_file_escapes_what_systemd_unescapes_in_double_quotes():
+    rendered = env_file({"VLLM_API_KEY": HOSTILE[0], "HF_TOKEN": HOSTILE[1]})
+    assert rendered == 'HF_TOKEN="\\"leading quote"\nVLLM_API_KEY="ends with \\\\"'
+    assert env_file({"K": "$HOME `id` \\n  "}) == 'K="\\$HOME \\`id\\` \\\\n  "'
+
+
+@pytest.mark.parametrize("render", [
+    lambda v: systemd_exec(["/bin/x", v]),
+    lambda v: systemd_environment({"K": v}),
+    lambda v: env_file({"VLLM_API_KEY": v}),
+    lambda v: systemd_value(v),
+    lambda v: haproxy_word(v),
+])
+@pytest.mark.parametrize("value", ["a\nLD_PRELOAD=/tmp/x.so", "a\rb", "tab\there", "nul\x00"])
+def test_control_characters_are_refused_without_printing_the_value(render, value):
+    with pytest.raises(AnsibleFilterError) as error:
+        render(value)
+    assert "LD_PRELOAD" not in str(error.value) and "nul" not in str(error.value)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"BAD-NAME": "x"}, r"'BAD-NAME' is not a valid variable name"),
+    ({"K\nX": "x"}, r"is not a valid variable name"),
+    ({"K": ["list"]}, r"must be a string or a number"),
+])
+def test_bad_variables(env, message):
+    for render in (systemd_environment, env_file):
+        with pytest.raises(AnsibleFilterError, match=message):
+            render(env)
+
+
+def test_values_and_comments():
+    assert systemd_value("/var/lib/vllm") == "/var/lib/vllm" and systemd_value("50%") == "50%%"
+    for bad in ("", "/var/lib/my vllm", '/x"', "/x\\y"):
+        with pytest.raises(AnsibleFilterError, match=r"empty or holds whitespace, quotes or backslashes"):
+            systemd_value(bad)
+    assert systemd_comment("model\nExecStartPre=+/bin/sh \\") == "model ExecStartPre=+/bin/sh"
+
+
+def test_haproxy_words():
+    assert haproxy_word("vllm-1-main") == "vllm-1-main" and haproxy_word("[fd00::1]") == "[fd00::1]"
+    for bad in ("a b", "x#y", '"q"', "a;b"):
+        with pytest.raises(AnsibleFilterError, match=r"is not a single HAProxy word"):
+            haproxy_word(bad)
+
+
+def test_fleet_invalid_names_the_variable_and_hides_secrets():
+    problems = fleet_invalid([
+        ["vllm_home", "/var/lib/vllm", "path"], ["vllm_hf_home", "/var/lib/../etc", "path"],
+        ["vllm_nvidia_smi", "relative/nvidia-smi", "path"], ["vllm_user", "Root User", "user"],
+        ["vllm_api_key", "s3cret\n", "secret"], ["vllm_hf_token", " s3cret", "secret"], ["ok", "", "secret"],
+        ["vllm_model", "--api-key", "text"], ["vllm_model", "org/model\n# x", "text"], ["port", 0, "port"],
+        ["port", "8000", "port"], ["listen", "0.0.0.0", "host"], ["env", "LD PRELOAD", "env"],
+    ], host="gpu-1")
+    assert len(problems) == 9, problems
+    assert all(p.startswith("gpu-1: ") for p in problems)
+    assert not any("s3cret" in p for p in problems)
+    assert any("vllm_hf_home must be an absolute path" in p for p in problems)
+    assert any("vllm_api_key holds characters other than printable ASCII" in p for p in problems)
+    assert any("vllm_model '--api-key' starts with '-'" in p for p in problems)
+    names = fleet_invalid(["main", "../etc", "a b", "x" * 65], kind="name", label="vllm_instances.name")
+    assert [p.split(" ")[0] for p in names] == ["vllm_instances.name[1]", "vllm_instances.name[2]",
+                                                "vllm_instances.name[3]"]
+    # The API key of the fleet test (backslash, quotes, $, % and spaces) is a valid secret.
+    assert fleet_invalid([["vllm_api_key", 'k3y\\with "quotes" $HOME %i and spaces', "secret"]]) == []
+    with pytest.raises(AnsibleFilterError, match=r"unknown kind 'url'"):
+        fleet_invalid([["x", "y", "url"]])
