@@ -23,7 +23,7 @@ sys.path.insert(0, str(LIBRARY))
 
 import nvidia_gpu_facts as m  # noqa: E402
 
-A10G = "0, NVIDIA A10G, GPU-5e8f3f2a-2b8e-4c2e-9a43-0c1e6a7b9d01, 23028, 1, 550.144.03, 8.6, [N/A]"
+A10G = "0, NVIDIA A10G, GPU-5e8f3f2a-2b8e-4c2e-9a43-0c1e6a7b9d01, 23028, 1, 550.144.03, 8.6, [N/A], 0"
 DRIVER_NOT_LOADED = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
     "Make sure that the latest NVIDIA driver is installed and running."
@@ -44,18 +44,20 @@ def test_one_gpu():
             "driver_version": "550.144.03",
             "compute_capability": "8.6",
             "mig_mode": None,
+            "minor_number": 0,
         }
     ]
 
 
 def test_several_gpus_sorted_by_index():
     text = "\n".join(
-        "%d, NVIDIA H100 80GB HBM3, GPU-0000000%d-6c1d-4a7e-8f2b-1e55c0de0000, 81559, %d, 550.144.03, 9.0, Disabled"
-        % (i, i, used)
-        for i, used in ((2, 0), (0, 74525), (1, 3))
+        "%d, NVIDIA H100 80GB HBM3, GPU-0000000%d-6c1d-4a7e-8f2b-1e55c0de0000, 81559, %d, 550.144.03, 9.0, Disabled, %d"
+        % (i, i, used, minor)
+        for i, used, minor in ((2, 0, 1), (0, 74525, 2), (1, 3, 0))
     )
     gpus = m.parse_gpu_csv(text)
     assert [gpu["index"] for gpu in gpus] == [0, 1, 2]
+    assert [gpu["minor_number"] for gpu in gpus] == [2, 0, 1]  # the device node is not always the index
     assert [gpu["memory_used_mib"] for gpu in gpus] == [74525, 3, 0]
     assert {gpu["mig_mode"] for gpu in gpus} == {"Disabled"}
     assert all(gpu["memory_total_mib"] == 81559 and gpu["compute_capability"] == "9.0" for gpu in gpus)
@@ -63,9 +65,9 @@ def test_several_gpus_sorted_by_index():
 
 @pytest.mark.parametrize("placeholder", ["[N/A]", "[Not Supported]", "[Unknown Error]", "N/A"])
 def test_unavailable_values_become_null(placeholder):
-    line = "0, NVIDIA L4, GPU-1, %s, %s, 550.144.03, 8.9, %s" % (placeholder, placeholder, placeholder)
+    line = "0, NVIDIA L4, GPU-1, %s, %s, 550.144.03, 8.9, %s, %s" % ((placeholder,) * 4)
     gpu = m.parse_gpu_csv(line)[0]
-    assert gpu["memory_total_mib"] is None
+    assert gpu["memory_total_mib"] is None and gpu["minor_number"] is None
     assert gpu["memory_used_mib"] is None
     assert gpu["mig_mode"] is None
 
@@ -73,9 +75,9 @@ def test_unavailable_values_become_null(placeholder):
 def test_mig_modes():
     text = "\n".join(
         [
-            "0, NVIDIA A100-SXM4-80GB, GPU-a, 81920, [N/A], 550.144.03, 8.0, Enabled",
-            "1, NVIDIA A100-SXM4-80GB, GPU-b, 81920, 4, 550.144.03, 8.0, Disabled",
-            "2, NVIDIA A10G, GPU-c, 23028, 1, 550.144.03, 8.6, [N/A]",
+            "0, NVIDIA A100-SXM4-80GB, GPU-a, 81920, [N/A], 550.144.03, 8.0, Enabled, 0",
+            "1, NVIDIA A100-SXM4-80GB, GPU-b, 81920, 4, 550.144.03, 8.0, Disabled, 1",
+            "2, NVIDIA A10G, GPU-c, 23028, 1, 550.144.03, 8.6, [N/A], 2",
         ]
     )
     gpus = m.parse_gpu_csv(text)
@@ -84,7 +86,7 @@ def test_mig_modes():
 
 
 def test_name_containing_comma_and_space():
-    line = "0, Example GPU, Rev. B, GPU-aaaa, 16384, 0, 550.144.03, 7.5, [N/A]"
+    line = "0, Example GPU, Rev. B, GPU-aaaa, 16384, 0, 550.144.03, 7.5, [N/A], 0"
     gpu = m.parse_gpu_csv(line)[0]
     assert gpu["name"] == "Example GPU, Rev. B"
     assert gpu["uuid"] == "GPU-aaaa"
@@ -92,14 +94,15 @@ def test_name_containing_comma_and_space():
 
 
 def test_quoted_name_is_read_as_csv():
-    gpu = m.parse_gpu_csv('0, "Example, GPU", GPU-aaaa, 16384, 0, 550.144.03, 7.5, Disabled')[0]
+    gpu = m.parse_gpu_csv('0, "Example, GPU", GPU-aaaa, 16384, 0, 550.144.03, 7.5, Disabled, 0')[0]
     assert gpu["name"] == "Example, GPU"
 
 
 def test_header_and_units_are_tolerated():
     text = (
-        "index, name, uuid, memory.total [MiB], memory.used [MiB], driver_version, compute_cap, mig.mode.current\n"
-        "0, NVIDIA A10G, GPU-x, 23028 MiB, 1 MiB, 550.144.03, 8.6, [N/A]\n"
+        "index, name, uuid, memory.total [MiB], memory.used [MiB], driver_version, compute_cap, mig.mode.current, "
+        "minor_number\n"
+        "0, NVIDIA A10G, GPU-x, 23028 MiB, 1 MiB, 550.144.03, 8.6, [N/A], 0\n"
     )
     gpu = m.parse_gpu_csv(text)[0]
     assert (gpu["memory_total_mib"], gpu["memory_used_mib"]) == (23028, 1)
@@ -112,13 +115,14 @@ def test_empty_gpu_output_is_no_gpu():
 @pytest.mark.parametrize(
     "line, expected",
     [
-        ("0, NVIDIA A10G, GPU-x, 23028, 1, 550.144.03, 8.6", "expected 8 comma-separated values"),
-        ("Failed to initialize NVML: Driver/library version mismatch", "expected 8 comma-separated values"),
-        ("x, NVIDIA A10G, GPU-x, 23028, 1, 550.144.03, 8.6, [N/A]", "index is not an integer: 'x'"),
-        ("0, NVIDIA A10G, GPU-x, 22 GiB, 1, 550.144.03, 8.6, [N/A]", "memory.total is not an integer"),
-        ("0, NVIDIA A10G, GPU-x, 23028, 1, 550.144.03, 8.6, Maybe", "unexpected mig.mode.current 'Maybe'"),
-        ("0, NVIDIA A10G, GPU-x, 23028, 1, 550.144.03, eight, [N/A]", "compute_cap is not major.minor"),
-        ("0, NVIDIA A10G, [N/A], 23028, 1, 550.144.03, 8.6, [N/A]", "uuid is unavailable"),
+        ("0, NVIDIA A10G, GPU-x, 23028, 1, 550.144.03, 8.6, [N/A]", "expected 9 comma-separated values"),
+        ("Failed to initialize NVML: Driver/library version mismatch", "expected 9 comma-separated values"),
+        ("x, NVIDIA A10G, GPU-x, 23028, 1, 550.144.03, 8.6, [N/A], 0", "index is not an integer: 'x'"),
+        ("0, NVIDIA A10G, GPU-x, 22 GiB, 1, 550.144.03, 8.6, [N/A], 0", "memory.total is not an integer"),
+        ("0, NVIDIA A10G, GPU-x, 23028, 1, 550.144.03, 8.6, Maybe, 0", "unexpected mig.mode.current 'Maybe'"),
+        ("0, NVIDIA A10G, GPU-x, 23028, 1, 550.144.03, eight, [N/A], 0", "compute_cap is not major.minor"),
+        ("0, NVIDIA A10G, [N/A], 23028, 1, 550.144.03, 8.6, [N/A], 0", "uuid is unavailable"),
+        ("0, NVIDIA A10G, GPU-x, 23028, 1, 550.144.03, 8.6, [N/A], one", "minor_number is not an integer"),
     ],
 )
 def test_malformed_gpu_line_is_a_clear_error(line, expected):
@@ -129,7 +133,7 @@ def test_malformed_gpu_line_is_a_clear_error(line, expected):
 
 
 def test_duplicate_uuid_is_an_error():
-    text = "0, A, GPU-x, 1, 1, 550.1, 8.6, [N/A]\n1, A, GPU-x, 1, 1, 550.1, 8.6, [N/A]"
+    text = "0, A, GPU-x, 1, 1, 550.1, 8.6, [N/A], 0\n1, A, GPU-x, 1, 1, 550.1, 8.6, [N/A], 1"
     with pytest.raises(m.NvidiaSmiParseError, match="duplicate GPU uuid"):
         m.parse_gpu_csv(text)
 
@@ -168,7 +172,8 @@ def test_malformed_process_line():
 def test_commands_are_the_documented_queries():
     assert m.gpu_query_command("nvidia-smi") == [
         "nvidia-smi",
-        "--query-gpu=index,name,uuid,memory.total,memory.used,driver_version,compute_cap,mig.mode.current",
+        "--query-gpu=index,name,uuid,memory.total,memory.used,driver_version,compute_cap,mig.mode.current,"
+        "minor_number",
         "--format=csv,noheader,nounits",
     ]
     assert m.process_query_command("/usr/bin/nvidia-smi") == [
@@ -208,6 +213,7 @@ def test_declared_count_expands_and_fills_defaults():
             "driver_version": None,
             "compute_capability": "9.0",
             "mig_mode": "Disabled",
+            "minor_number": None,
         }
         for i in (0, 1)
     ]
@@ -270,6 +276,7 @@ def expected_facts(fixture):
             "driver_version": gpu.get("driver_version", host.get("driver_version")),
             "compute_capability": gpu["compute_capability"],
             "mig_mode": _null(gpu.get("mig_mode")),
+            "minor_number": _null(gpu.get("minor_number")),
         }
         for gpu in host["gpus"]
     ]

@@ -11,8 +11,8 @@ DOCUMENTATION = r"""
 module: nvidia_gpu_facts
 short_description: Report a host's NVIDIA GPUs and the compute processes using them
 description:
-  - Runs C(nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,driver_version,compute_cap,mig.mode.current
-    --format=csv,noheader,nounits) and C(nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory
+  - Runs C(nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used,driver_version,compute_cap,
+    mig.mode.current,minor_number --format=csv,noheader,nounits) and C(nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory
     --format=csv,noheader,nounits) and returns the result as the facts C(nvidia_gpus) and C(nvidia_gpu_processes)
     (shapes in C(docs/interfaces.md)).
   - Values nvidia-smi reports as unavailable (C([N/A]), C([Not Supported]), any other bracketed status) become C(null).
@@ -114,6 +114,11 @@ ansible_facts:
         mig_mode:
           description: C(Enabled), C(Disabled) or null when the GPU has no MIG support.
           type: str
+        minor_number:
+          description:
+            - Minor number of the GPU's device node C(/dev/nvidia<minor>); not always equal to the index. Null when
+              nvidia-smi reports it unavailable, and for declared GPUs that do not give it.
+          type: int
       sample:
         - index: 0
           name: NVIDIA A10G
@@ -123,6 +128,7 @@ ansible_facts:
           driver_version: 550.144.03
           compute_capability: "8.6"
           mig_mode: null
+          minor_number: 0
     nvidia_gpu_processes:
       description: Compute processes, in nvidia-smi's order.
       returned: always
@@ -172,6 +178,8 @@ GPU_QUERY_FIELDS = (
     "driver_version",
     "compute_cap",
     "mig.mode.current",
+    # /dev/nvidia<minor> is the GPU's device node; the minor is not always its index (DeviceAllow needs it).
+    "minor_number",
 )
 PROCESS_QUERY_FIELDS = ("gpu_uuid", "pid", "process_name", "used_memory")
 CSV_FORMAT = "--format=csv,noheader,nounits"
@@ -185,6 +193,7 @@ GPU_KEYS = (
     "driver_version",
     "compute_capability",
     "mig_mode",
+    "minor_number",
 )
 PROCESS_KEYS = ("gpu_uuid", "pid", "process_name", "used_memory_mib")
 MIG_MODES = {"enabled": "Enabled", "disabled": "Disabled"}
@@ -294,7 +303,7 @@ def parse_compute_capability(value, line=""):
 
 
 def parse_gpu_line(line):
-    index, name, uuid, total, used, driver, cc, mig = split_row(line, GPU_QUERY_FIELDS, free_field="name")
+    index, name, uuid, total, used, driver, cc, mig, minor = split_row(line, GPU_QUERY_FIELDS, free_field="name")
     return {
         "index": _int(index, "index", line, nullable=False),
         "name": _str(name, "name", line, nullable=False),
@@ -304,6 +313,7 @@ def parse_gpu_line(line):
         "driver_version": _str(driver, "driver_version", line, nullable=False),
         "compute_capability": parse_compute_capability(cc, line),
         "mig_mode": parse_mig_mode(mig, line),
+        "minor_number": _int(minor, "minor_number", line, nullable=True),
     }
 
 
@@ -382,6 +392,7 @@ def normalize_declared(declared):
                     "driver_version": None if item.get("driver_version") is None else str(item["driver_version"]),
                     "compute_capability": cc,
                     "mig_mode": mig,
+                    "minor_number": _declared_int(item.get("minor_number"), where, "minor_number"),
                 }
             )
     gpus.sort(key=lambda gpu: gpu["index"])
