@@ -33,17 +33,20 @@ def test_plan_prints_a_row_per_host_and_refuses_what_would_not_start(tmp_path):
     assert not plans["a10g-qwen3"]["main"]["fits"]
 
 
-def test_serve_options_are_checked_before_any_plan(tmp_path):
-    """A role-owned argument or a flag the planned vLLM lacks stops plan.yml with the variable named."""
-    def plan(options):
+def test_options_are_checked_before_any_plan(tmp_path):
+    """A misspelt policy key, a role-owned argument or a flag the planned vLLM lacks stops plan.yml with the
+    variable named."""
+    def plan(options, variable="vllm_serve_options"):
         return subprocess.run(
             [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", "tests/playbooks/plan-inventory.yml",
-             "playbooks/plan.yml", "--limit", "a10g-qwen3", "-e", json.dumps({"vllm_serve_options": options}),
+             "playbooks/plan.yml", "--limit", "a10g-qwen3", "-e", json.dumps({variable: options}),
              "-e", f"plan_out={tmp_path / 'plan.json'}"],
             cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
             env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0"))
     owned = plan({"port": 9000, "dtype": "float16"})
     assert owned.returncode != 0 and "vllm_serve_options sets port (set vllm_instances[].port instead)" in owned.stdout
+    typo = plan({"gpu_shareing": "shared"}, "vllm_policy")
+    assert typo.returncode != 0 and "vllm_policy.gpu_shareing. Supported parameters include" in typo.stdout
     missing = plan({"swap_space": 4})
     assert missing.returncode != 0
     assert "policy.serve_options.swap_space: --swap-space does not exist in vLLM 0.34.0" in missing.stdout
