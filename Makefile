@@ -68,6 +68,7 @@ demo: venv fleet-deps
 
 bench: venv
 	$(BIN)/python benchmarks/bench_sizing.py
+	$(BIN)/python benchmarks/bench_budget.py
 
 clean:
 	for s in $(SCENARIOS); do $(BIN)/molecule destroy -s $$s || true; done
