@@ -7,10 +7,17 @@ DOCUMENTATION = r"""
 module: vllm_diagnose
 short_description: Tell the three vLLM OOM failures apart on one instance and say what to change
 description:
-  - Reads the unit's state (restarts, result), the journal since the unit's last start or a given time, and
-    C(/metrics) (KV-cache usage, preemptions, waiting requests).
-  - Failure 1 (startup KV cache), 2 (runtime allocator OOM), 3 (dead engine), plus KV-cache pressure (preemption:
-    latency, not errors) and a GPU still held at start.
+  - Reads the unit's state (restarts, result), its journal since a given time and C(/metrics) (KV-cache usage,
+    preemptions, waiting requests).
+  - The journal is read as vLLM prints it (the vllm_diagnosis module_utils); the latest failure is the finding and
+    every failure of the window is listed in RV(failures), so an old start-up refusal does not hide today's engine
+    death.
+  - "Kinds: C(startup_kv_cache) (vLLM refused the KV cache for one request at max_model_len), C(no_cache_memory)
+    (nothing left for the KV cache), C(gpu_busy_at_start) (another process holds the GPU), C(startup_oom) (out of
+    memory while loading weights, profiling or capturing CUDA graphs), C(runtime_oom) (an allocation outside the KV
+    pool failed while serving), C(engine_dead) (every request fails until a restart), C(startup_failed) (the engine
+    did not start, cause not recognised) and, from the metrics, C(kv_cache_pressure) (preemption: latency, not
+    errors)."
 options:
   unit: {description: systemd unit name, type: str, required: true}
   port: {description: HTTP port of the instance, type: int, required: true}
@@ -26,9 +33,20 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-findings: {description: list of {kind, summary, advice}, most severe first, type: list, returned: always}
+findings:
+  description:
+    - The latest failure of the journal, then KV-cache pressure from the metrics, each as kind, summary, advice and
+      details (the numbers vLLM printed, the line and time of the failure).
+  type: list
+  elements: dict
+  returned: always
+failures:
+  description: Every failure of the journal window, oldest first, each as kind, line, time and the line's text.
+  type: list
+  elements: dict
+  returned: always
 metrics: {description: the vLLM metrics read, type: dict, returned: always}
-unit: {description: ActiveState, Result, NRestarts of the unit, type: dict, returned: always}
+unit: {description: "ActiveState, Result and NRestarts of the unit", type: dict, returned: always}
 """
 
 import re
@@ -60,8 +78,9 @@ def pressure_finding(metrics):
             "summary": "KV-cache pressure: %d preemptions, KV cache %.0f%% used, %d requests waiting. This costs "
                        "latency, not errors." % (preempted, 100 * (usage or 0),
                                                  metrics.get("vllm:num_requests_waiting", 0)),
-            "advice": "Reduce client concurrency or re-plan with a larger peak_concurrency (fp8 KV cache, more "
-                      "GPUs); allocator settings do not help here.",
+            "advice": "Reduce client concurrency or re-plan with a larger vllm_workload.peak_concurrency (fp8 KV "
+                      "cache, more GPUs); allocator settings do not help here.",
+            "details": {},
         }
     return None
 
@@ -75,22 +94,21 @@ def main():
     p = module.params
     _rc, out, _err = module.run_command(["systemctl", "show", p["unit"], "-p", "ActiveState,Result,NRestarts"])
     unit = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    # short-iso: every line, systemd's own included, carries its date and time.
     _rc, journal, _err = module.run_command(
-        ["journalctl", "-u", p["unit"], "--since", p["since"], "--no-pager", "-o", "cat"])
+        ["journalctl", "-u", p["unit"], "--since", p["since"], "--no-pager", "-o", "short-iso"])
     metrics = {}
     try:
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % p["port"], timeout=10) as resp:
             metrics = parse_metrics(resp.read().decode(errors="replace"))
     except OSError:
         pass  # a dead or stopped server has no metrics; the journal still tells
-    findings = []
     found = diagnose(journal)
-    if found["kind"] != "none":
-        findings.append({k: found[k] for k in ("kind", "summary", "advice")})
+    findings = [{k: found[k] for k in ("kind", "summary", "advice", "details")}] if found["kind"] != "none" else []
     pressure = pressure_finding(metrics)
     if pressure:
         findings.append(pressure)
-    module.exit_json(changed=False, findings=findings, metrics=metrics, unit=unit)
+    module.exit_json(changed=False, findings=findings, failures=found["failures"], metrics=metrics, unit=unit)
 
 
 if __name__ == "__main__":
