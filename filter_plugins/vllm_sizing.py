@@ -455,15 +455,7 @@ def _device(device, compute_capability=None, cpu_flags=None):
     unknown), or cpu with its /proc/cpuinfo flags (None: unknown)."""
     if device not in ("cuda", "cpu"):
         _fail("device must be cuda or cpu, got %r" % (device,))
-    capability = None
-    if compute_capability is not None:
-        try:
-            capability = tuple(int(p) for p in str(compute_capability).split("."))
-        except ValueError:
-            capability = ()
-        if len(capability) != 2:
-            _fail("compute_capability must look like \"8.6\" (nvidia-smi's compute_cap), got %r"
-                  % (compute_capability,))
+    capability = None if compute_capability is None else _capability(compute_capability, "compute_capability")
     flags = None
     if cpu_flags is not None:
         if isinstance(cpu_flags, str):
@@ -472,6 +464,17 @@ def _device(device, compute_capability=None, cpu_flags=None):
             _fail("cpu_flags must be the CPU's flags (the 'flags' line of /proc/cpuinfo), got %r" % (cpu_flags,))
         flags = frozenset(cpu_flags)
     return {"type": device, "capability": capability, "cpu_flags": flags}
+
+
+def _capability(value, field):
+    """(major, minor) of nvidia-smi's compute_cap ("8.6"): the one parser of it."""
+    try:
+        capability = tuple(int(p) for p in str(value).split("."))
+    except ValueError:
+        capability = ()
+    if len(capability) != 2:
+        _fail("%s must look like \"8.6\", got %r (nvidia-smi's compute_cap)" % (field, value))
+    return capability
 
 
 def _accepts(backend, block_size):
@@ -688,11 +691,7 @@ def _gpu_group(gpus, policy):
                 warnings.append("%s (%s) already has %d MiB in use: vLLM refuses to start when free memory is "
                                 "below what it requests; stop the other process or lower the utilization"
                                 % (field, gpu["name"], used))
-        capability = gpu.get("compute_capability")
-        try:
-            capabilities.append(tuple(int(p) for p in str(capability).split(".")))
-        except ValueError:
-            _fail("%s.compute_capability must look like \"8.6\", got %r" % (field, capability))
+        capabilities.append(_capability(gpu.get("compute_capability"), field + ".compute_capability"))
     names = sorted({gpu["name"] for gpu in gpus})
     if usable_override is not None:
         usable = _int(usable_override, "policy.usable_memory_mib") * MiB
@@ -867,7 +866,7 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
            "usable": usable, "utilization": utilization, "enforce_eager": enforce_eager, "policy": policy,
            "extensible": row["extensible_kv_cache"], "target_len": target, "floor_len": floor,
            "p99": p99, "peak": peak, "serve": serve,
-           "device": {"type": "cuda", "capability": capability[:2], "cpu_flags": None},
+           "device": {"type": "cuda", "capability": capability, "cpu_flags": None},
            "min_seqs": _int(policy.get("min_num_seqs", max(1, (peak or 0) // 2)), "policy.min_num_seqs")}
 
     # Fallbacks in order: shorter max_model_len (inside _attempt), fp8 KV cache, fewer max_num_seqs,

@@ -1,10 +1,10 @@
-"""The renderers of filter_plugins/fleet_render.py and the checks of fleet_invalid.py, on the hostile values of
+"""The renderers of filter_plugins/fleet_render.py and its fleet_invalid checks, on the hostile values of
 issue 12. systemd and HAProxy read the same renderings back on real test hosts (molecule/balancer)."""
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from fleet_invalid import fleet_invalid
-from fleet_render import env_file, haproxy_word, systemd_comment, systemd_environment, systemd_exec, systemd_value
+from fleet_render import (env_file, fleet_invalid, haproxy_word, systemd_comment, systemd_environment, systemd_exec,
+                          systemd_value)
 
 HOSTILE = ["ends with \\", '"leading quote', "back\\\\slashes\\n", "  spaced  ", "$HOME and ${PATH}", "100%i", "`id`"]
 
