@@ -4,10 +4,11 @@
     .venv/bin/python benchmarks/bench_budget.py
 
 Reads the published startups of tests/fixtures/startup-logs/ ("Available KV cache memory: X GiB"), sizes the same
-model, GPU, parallelism, utilization, batch and eager settings with vllm_sizing, and prints per log the predicted
-and printed KV memory and the error (positive: the plan expects more than vLLM had, the dangerous side), then the
-median, the worst and the counts over and under. Logs whose model is not in the vllm_model catalog, or that lack
-the printed KV memory, are listed as skipped.
+model, GPU, parallelism, utilization, batch, dtype, online quantization and eager settings with vllm_sizing under
+the version-table row that behaves like the logged release, and prints per log the predicted and printed KV memory
+and the error (positive: the plan expects more than vLLM had, the dangerous side), then the median, the worst and
+the counts over and under. Logs that cannot be sized are listed with the reason. tests/unit/test_vllm_sizing_corpus.py
+asserts the bounds on the same predictions.
 """
 import glob
 import json
@@ -20,69 +21,105 @@ sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
 import vllm_sizing as vs  # noqa: E402
 
 LOGS = os.path.join(ROOT, "tests", "fixtures", "startup-logs")
-# Checkpoints with the same shapes as a catalog entry.
-ALIASES = {"Qwen/Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B"}
+# Checkpoints with the same config.json shapes as a catalog entry (instruct and base builds, Qwen2 = Qwen2.5 7B).
+ALIASES = {"Qwen/Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B", "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2.5-7B"}
 # nvidia-smi totals (vllm-facts.md section 2) for logs that do not print vLLM's total.
 GPUS = {"A100 80GB": ("NVIDIA A100-SXM4-80GB", 81920, "8.0"), "A100 40GB": ("NVIDIA A100-SXM4-40GB", 40960, "8.0"),
         "A100": ("NVIDIA A100-SXM4-80GB", 81920, "8.0"), "H100": ("NVIDIA H100 80GB HBM3", 81559, "9.0"),
         "H200": ("NVIDIA H200", 143771, "9.0"), "L40S": ("NVIDIA L40S", 46068, "8.9")}
+# Within these bounds a plan is usable: never more than 3 % above what vLLM had, never more than 5 % off.
+OVER, OFF = 3.0, 5.0
+
+
+def version_row(version):
+    """The version-table row whose budget behaves like this release: the newest row not after it (0.10 logs take
+    the oldest row, 0.11.0: the same profiling, no CUDA-graph budget)."""
+    if not version:
+        return None
+    key = tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
+    rows = sorted(vs.VERSIONS, key=lambda v: tuple(int(p) for p in v.split(".")))
+    older = [r for r in rows if tuple(int(p) for p in r.split(".")) <= key]
+    return older[-1] if older else rows[0]
 
 
 def gpu_of(log):
+    named = (log.get("gpu") or "").split("(")[0]  # the notes in brackets may name other GPUs
     for key, spec in GPUS.items():
-        if key in (log.get("gpu") or ""):
+        if key in named:
             return spec
     return None
 
 
 def predict(log):
-    """(predicted KV bytes per GPU, why not) for one log."""
+    """(plan, why not) for one log: the plan vllm_sizing makes for its settings."""
     model = ALIASES.get(log["model"], log["model"])
     if model not in vs._catalog():
         return None, "model not in the catalog"
-    printed = log["parsed"].get("kv_available_gib")
     spec = gpu_of(log)
-    if printed is None or spec is None or log.get("gpu_memory_utilization") is None:
+    if log["parsed"].get("kv_available_gib") is None or spec is None or log.get("gpu_memory_utilization") is None:
         return None, "no printed KV memory, GPU or utilization"
+    if "MULTI-NODE" in (log.get("notes") or ""):
+        return None, "tensor parallelism across nodes (NCCL over the network): vllm_sizing plans one host's GPUs"
+    version = version_row(log.get("vllm_version"))
+    if version is None:
+        return None, "nightly build without a version: no version-table row to size it with"
     name, total_mib, capability = spec
     tp, pp = log.get("tensor_parallel_size") or 1, log.get("pipeline_parallel_size") or 1
     gpus = [{"index": i, "name": name, "memory_total_mib": total_mib, "compute_capability": capability}
             for i in range(tp * pp)]
     policy = {"gpu_memory_utilization": log["gpu_memory_utilization"], "tensor_parallel_size": tp,
               "pipeline_parallel_size": pp, "allow_tensor_parallel": False, "strict": False,
-              "enforce_eager": bool(log.get("enforce_eager")), "vllm_version": "0.32.0", "allow_fp8_kv_cache": False}
+              "enforce_eager": bool(log.get("enforce_eager")), "vllm_version": version, "allow_fp8_kv_cache": False}
     if log["parsed"].get("total_gpu_memory_gib"):
         policy["usable_memory_mib"] = int(log["parsed"]["total_gpu_memory_gib"] * 1024)
     for key in ("max_num_batched_tokens", "max_num_seqs"):
         if log.get(key):
             policy[key] = log[key]
+    serve = {}
     if log.get("dtype") == "float32":
-        policy["serve_options"] = {"dtype": "float32"}
+        serve["dtype"] = "float32"
+    entry = vs.vllm_model(model)
+    if log.get("quantization") and not entry.get("quantization_config"):
+        serve["quantization"] = log["quantization"]  # online quantization of a 16-bit checkpoint
+    policy["serve_options"] = serve
     workload = {"max_context": log["max_model_len"]} if log.get("max_model_len") else {}
-    plan = vs.vllm_sizing(gpus, vs.vllm_model(model), workload, policy)
-    return plan["budget_per_gpu"]["kv_cache_bytes"], None
+    return vs.vllm_sizing(gpus, entry, workload, policy), None
 
 
-def main():
+def corpus():
+    """(rows, skipped): rows of (id, log, plan, error %) for every log that can be sized."""
     rows, skipped = [], []
     for path in sorted(glob.glob(os.path.join(LOGS, "*.json"))):
         with open(path) as handle:
             log = json.load(handle)
         ident = os.path.basename(path)[:-5]
-        predicted, why = predict(log)
-        if predicted is None:
+        plan, why = predict(log)
+        if plan is None:
             skipped.append((ident, why))
             continue
         printed = log["parsed"]["kv_available_gib"] * vs.GiB
-        rows.append((ident, predicted / vs.GiB, printed / vs.GiB, (predicted - printed) / printed * 100))
-    print("%-58s %10s %10s %8s" % ("log", "predicted", "printed", "error"))
-    for ident, predicted, printed, error in rows:
-        print("%-58s %8.2f G %8.2f G %+7.1f%%" % (ident[:58], predicted, printed, error))
+        rows.append((ident, log, plan, (plan["budget_per_gpu"]["kv_cache_bytes"] - printed) / printed * 100))
+    return rows, skipped
+
+
+def main():
+    rows, skipped = corpus()
+    parts = (("weights", "weights_bytes", "weights_gib"), ("activation", "activation_peak_bytes",
+                                                             "activation_peak_gib"),
+             ("non-torch", "non_torch_bytes", "non_torch_gib"))
+    print("%-50s %9s %9s %7s  %s" % ("log", "predicted", "printed", "error", "weights / activation / non-torch "
+                                                                          "(predicted/printed GiB)"))
+    for ident, log, plan, error in rows:
+        budget = plan["budget_per_gpu"]
+        detail = "  ".join("%.2f/%s" % (budget[key] / vs.GiB, log["parsed"].get(printed)) for _, key, printed in parts)
+        print("%-50s %7.2f G %7.2f G %+6.1f%%  %s%s" % (
+            ident[:50], budget["kv_cache_bytes"] / vs.GiB, log["parsed"]["kv_available_gib"], error, detail,
+            "  <-- outside bounds" if error > OVER or abs(error) > OFF else ""))
     errors = [row[3] for row in rows]
     if errors:
-        print("\n%d logs: median error %+.1f%%, worst over %+.1f%%, worst under %+.1f%%; %d over by more than 3%%, "
-              "%d within 5%%" % (len(errors), statistics.median(errors), max(errors), min(errors),
-                                 sum(e > 3 for e in errors), sum(abs(e) <= 5 for e in errors)))
+        print("\n%d logs: median error %+.1f%%, worst over %+.1f%%, worst under %+.1f%%; %d over by more than %g%%, "
+              "%d outside %g%%" % (len(errors), statistics.median(errors), max(errors), min(errors),
+                                   sum(e > OVER for e in errors), OVER, sum(abs(e) > OFF for e in errors), OFF))
     for ident, why in skipped:
         print("skipped %s: %s" % (ident, why))
 

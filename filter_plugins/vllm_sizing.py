@@ -13,10 +13,12 @@ maximum model length is N". Everything that changes between vLLM releases is in 
 backends that decide the KV block size on each kind of device are in ATTENTION.
 """
 
+import fnmatch
 import functools
 import json
 import math
 import os
+import re
 
 from ansible.errors import AnsibleFilterError
 
@@ -59,12 +61,15 @@ FLAGS = {
     "disable_custom_all_reduce": {"flag": "--disable-custom-all-reduce", "kind": "bool"},
     "enable_prefix_caching": {
         "flag": "--enable-prefix-caching", "kind": "bool",
-        "false": {"0.32.0": "--no-enable-prefix-caching", "0.34.0": "--disable-prefix-caching"}},
+        "false": {"0.19.0": "--no-enable-prefix-caching", "0.32.0": "--no-enable-prefix-caching",
+                  "0.34.0": "--disable-prefix-caching"}},
     "enable_chunked_prefill": {
         "flag": "--enable-chunked-prefill", "kind": "bool",
-        "false": {"0.32.0": "--no-enable-chunked-prefill", "0.34.0": "--disable-chunked-prefill"}},
+        "false": {"0.19.0": "--no-enable-chunked-prefill", "0.32.0": "--no-enable-chunked-prefill",
+                  "0.34.0": "--disable-chunked-prefill"}},
     "async_scheduling": {"flag": "--async-scheduling", "kind": "bool",
-                         "false": {"0.32.0": "--no-async-scheduling", "0.34.0": "--no-async-scheduling"}},
+                         "false": {"0.19.0": "--no-async-scheduling", "0.32.0": "--no-async-scheduling",
+                                   "0.34.0": "--no-async-scheduling"}},
     "shutdown_timeout": {"flag": "--shutdown-timeout", "kind": "value"},
     "enable_lora": {"flag": "--enable-lora", "kind": "bool"},
     "max_loras": {"flag": "--max-loras", "kind": "value"},
@@ -109,26 +114,36 @@ DTYPES = {"auto": None, "half": 2, "float16": 2, "bfloat16": 2, "float": 4, "flo
 #   batch_defaults: (min GiB, excluded name, max_num_batched_tokens, max_num_seqs) for `vllm serve`,
 #                   first match wins; cpu: per world size
 #   message, gib_format: how the startup error spells "model's" and GiB (None: round(x, 2), as format_gib)
+#   cuda_graph_budget: the CUDA-graph estimate is taken from the KV memory (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
+#                      default on since 0.21); before, graphs are captured after the KV cache, in the headroom
 VERSIONS = {
     "0.11.0": {
         "block_size": 16, "utilization": 0.9, "extensible_kv_cache": False,
         "async_scheduling": False, "in_flight": "batch", "null_block": False, "grouped_check": False,
         "batch_defaults": ((70, "a100", 8192, 1024), (0, None, 2048, 256)), "cpu_batch_defaults": (2048, 128),
         "message": "models's", "gib_format": "%.2f", "flags": (_COMMON_FLAGS | {"swap_space"}),
+        "cuda_graph_budget": False,
+    },
+    "0.19.0": {
+        "block_size": 16, "utilization": 0.9, "extensible_kv_cache": False,
+        "async_scheduling": True, "in_flight": "batch", "null_block": False, "grouped_check": False,
+        "batch_defaults": ((70, "a100", 8192, 1024), (0, None, 2048, 256)), "cpu_batch_defaults": (2048, 128),
+        "message": "models's", "gib_format": None, "flags": (_COMMON_FLAGS | {"shutdown_timeout"}),
+        "cuda_graph_budget": False,
     },
     "0.32.0": {
         "block_size": 16, "utilization": 0.92, "extensible_kv_cache": False,
         "async_scheduling": True, "in_flight": "batches", "null_block": True, "grouped_check": True,
         "batch_defaults": ((160, None, 16384, 1024), (70, "a100", 8192, 1024), (0, None, 2048, 256)),
         "cpu_batch_defaults": (2048, 128), "message": "model's", "gib_format": None,
-        "flags": (_COMMON_FLAGS | {"shutdown_timeout"}),
+        "flags": (_COMMON_FLAGS | {"shutdown_timeout"}), "cuda_graph_budget": True,
     },
     "0.34.0": {
         "block_size": 64, "utilization": 0.92, "extensible_kv_cache": True,
         "async_scheduling": True, "in_flight": "batches", "null_block": True, "grouped_check": True,
         "batch_defaults": ((160, None, 16384, 1024), (70, "a100", 8192, 1024), (0, None, 2048, 256)),
         "cpu_batch_defaults": (2048, 128), "message": "model's", "gib_format": None,
-        "flags": (_COMMON_FLAGS | {"shutdown_timeout"}),
+        "flags": (_COMMON_FLAGS | {"shutdown_timeout"}), "cuda_graph_budget": True,
     },
 }
 
@@ -179,8 +194,10 @@ FP8_DS_MLA_ROW = 656
 # (layer_pattern: the (i + 1) % 2 sliding/full alternation transformers fills in for Gemma 2 and gpt-oss).
 MODEL_DEFAULTS = {
     "mistral": {"sliding_window": 4096},
-    "gemma2": {"sliding_window": 4096, "max_position_embeddings": 8192, "layer_pattern": 2},
-    "gemma3_text": {"sliding_window": 4096, "max_position_embeddings": 131072, "sliding_window_pattern": 6},
+    "gemma2": {"sliding_window": 4096, "max_position_embeddings": 8192, "layer_pattern": 2,
+               "tie_word_embeddings": True},
+    "gemma3_text": {"sliding_window": 4096, "max_position_embeddings": 131072, "sliding_window_pattern": 6,
+                    "tie_word_embeddings": True, "vocab_size": 262208},
     "gpt_oss": {"sliding_window": 128, "layer_pattern": 2},
     "qwen2": {"sliding_window": 4096, "use_sliding_window": False},
     "qwen3": {"sliding_window": 4096, "use_sliding_window": False},
@@ -192,11 +209,25 @@ MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
 # RoPE types whose max_position_embeddings is already the scaled length (vLLM _get_and_verify_max_len).
 ROPE_PRESCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 
-# Estimates of what is not KV cache (vLLM measures these at start; override them in `policy`).
-NON_TORCH_BYTES = 512 * MiB          # CUDA context, cuBLAS workspaces
-NON_TORCH_PARALLEL_BYTES = 512 * MiB  # extra NCCL and custom all-reduce buffers with TP/PP > 1
-CUDA_GRAPH_BYTES = 512 * MiB         # "a few hundred MB" of captured graphs (0 with enforce_eager)
-WORKSPACE_BYTES = 256 * MiB          # kernel workspaces during the profiling run
+# Estimates of what is not KV cache (vLLM measures these at start; override them in `policy`). Checked against the
+# published startups of tests/fixtures/startup-logs/ (benchmarks/bench_budget.py).
+NON_TORCH_BYTES = 256 * MiB  # CUDA context growth, cuBLAS and attention workspaces: 0.07-0.27 GiB printed
+# NCCL and custom all-reduce buffers with tensor parallelism, by compute capability: about 2 GiB more per rank on
+# Hopper and later (NCCL's NVLink SHARP buffers; 2.07-2.21 GiB in all printed by 0.19, 1.38 by 0.10 on H200), under
+# 0.25 GiB on A100 and on L40S over PCIe (0.17-0.21 GiB printed at TP 8).
+NON_TORCH_TP_BYTES = {(9, 0): 2048 * MiB, (0, 0): 256 * MiB}
+# CUDA graphs: the piecewise graphs keep each layer's outputs for the largest capture size in their pool, plus
+# cuBLAS/NCCL graph state. vLLM captures batch sizes up to min(2 x max_num_seqs, 512). Against the estimates 0.19
+# printed (0.49-1.82 GiB; subtracted from KV since 0.21) this is within -0.2/+0.8 GiB, above for most (and 0.8
+# below Llama-3.1-8B at TP 2, whose 1.69 GiB estimate was 0.93 GiB above its own capture).
+CUDA_GRAPH_BYTES = 512 * MiB
+CUDA_GRAPH_MAX_CAPTURE = 512
+# Activation peak of the profiling run (gpu_model_runner.profile_run): a forward pass of max_num_batched_tokens,
+# then the sampler on max_num_seqs rows of logits, which holds float32 logits plus their sorted copy and int64 sort
+# indices for top-k/top-p (16 bytes a logit; 0.19 printed 3.7-4.0 x the float32 logits). The fused-MoE workspace
+# (one chunk of at most 16384 tokens x top-k x (gate/up + activation + down)) stays allocated through the sampler.
+SAMPLER_BYTES_PER_LOGIT = 16
+MOE_CHUNK_TOKENS = 16384
 EXTENSIBLE_MARGIN_FLOOR = 1 * GiB    # 0.34 extensible KV cache: margin max(1 GiB, 0.75 x activation peak)
 EXTENSIBLE_MARGIN_FRACTION = 0.75
 UTILIZATION = {"exclusive": 0.93, "dedicated": 0.90, "shared": 0.80}
@@ -250,9 +281,10 @@ def _version(vllm_version):
 # The model: what vLLM's config code derives from config.json
 # --------------------------------------------------------------------------------------------------
 
-def _model_shape(model, dtype=None):
+def _model_shape(model, dtype=None, online=None):
     """Attention layout of a config.json dict: per-layer sliding windows, KV heads, head sizes, MLA.
-    dtype: the --dtype vLLM is given (None or auto: the checkpoint's 16-bit dtype)."""
+    dtype: the --dtype vLLM is given (None or auto: the checkpoint's 16-bit dtype); online: --quantization of an
+    unquantized checkpoint (fp8 is sized; other methods keep the checkpoint's bytes, the safe side)."""
     model = _mapping(model, "model")
     if not model:
         _fail("model must be the model's config.json as a dict (e.g. from_json), got an empty value")
@@ -312,22 +344,28 @@ def _model_shape(model, dtype=None):
     # vLLM serves float32 checkpoints in 16 bits unless --dtype says otherwise.
     dtype_bytes = DTYPES.get(dtype or "auto") or 2
 
-    experts = get("num_local_experts") or get("num_experts") or get("n_routed_experts")
-    mlp_width = (get("moe_intermediate_size") or get("intermediate_size") or 4 * hidden)
-    if experts:
-        mlp_width = mlp_width * (get("num_experts_per_tok") or 1) + (get("n_shared_experts") or 0) * mlp_width
-    quantized = bool(text.get("quantization_config") or model.get("quantization_config"))
-    weights, how = _weight_bytes(model, text, heads, kv_heads, head_size, hidden, layers, experts, get)
-    if dtype_bytes == 4 and not quantized:
+    quant = _quantization(text.get("quantization_config") or model.get("quantization_config"))
+    dims = _dims(get, model_type, hidden, heads, kv_heads, head_size, layers, mla)
+    quantized = quant is not None
+    if quant is None and online == "fp8":
+        # vLLM quantizes every linear layer to fp8 with a per-tensor scale while loading.
+        quant = _quantization({"quant_method": "fp8"})
+        model = {k: v for k, v in model.items() if k not in ("_weight_bytes", "_num_parameters")}
+    modules = _modules(dims, quant, dtype_bytes)
+    weights, how = _weight_bytes(model, modules, quant, dtype_bytes)
+    if online == "fp8" and how.startswith("estimated") and "fp8" in how:
+        how += ", quantized online"
+    if how == "given" and dtype_bytes == 4 and quant is None:
         weights, how = weights * 2, how + ", served in float32"
     return {
         "name": str(model.get("_name") or model.get("_name_or_path") or "the model"),
         "model_arg": model.get("_name") or model.get("_name_or_path"),
         "model_type": model_type, "layers": layers, "heads": heads, "kv_heads": kv_heads,
         "head_size": head_size, "head_size_v": head_size_v, "mla": mla, "windows": tuple(windows),
-        "hidden": hidden, "mlp_width": mlp_width, "vocab": get("vocab_size") or 32000,
+        "hidden": hidden, "dims": dims, "vocab": dims["vocab"],
         "max_len": _derived_max_len(text, get, model_type),
-        "weight_bytes": (weights, how), "quantized": quantized, "dtype_bytes": dtype_bytes,
+        "weight_bytes": (weights, how), "modules": modules, "quantized": quantized,
+        "quantization": quant, "dtype_bytes": dtype_bytes,
     }
 
 
@@ -359,19 +397,314 @@ def _derived_max_len(text, get, model_type):
     return int(derived)
 
 
-def _weight_bytes(model, text, heads, kv_heads, head_size, hidden, layers, experts, get):
-    """(bytes, how) of the weights: given, from the parameter count, or estimated from the shapes."""
+# --------------------------------------------------------------------------------------------------
+# Weights: the tensors vLLM holds, module by module, in the checkpoint's quantization
+# --------------------------------------------------------------------------------------------------
+
+def _dims(get, model_type, hidden, heads, kv_heads, head_size, layers, mla):
+    """The sizes of config.json that decide the weights and the activation peak (dense, MoE, MLA)."""
+    experts = get("num_local_experts") or get("num_experts") or get("n_routed_experts") or 0
+    inter = get("intermediate_size") or 4 * hidden
+    moe_layers = set()
+    if experts:
+        first_dense = get("first_k_dense_replace") or 0        # DeepSeek: the first k layers are dense
+        freq = get("moe_layer_freq") or 1
+        step = get("decoder_sparse_step") or get("interleave_moe_layer_step") or 1  # Qwen MoE / Llama 4
+        dense_only = set(get("mlp_only_layers") or ())
+        moe_layers = {i for i in range(layers) if i >= first_dense and (i - first_dense) % freq == 0
+                      and (i + 1) % step == 0 and i not in dense_only}
+    moe_inter = get("moe_intermediate_size") or inter
+    shared = (get("n_shared_experts") or 0) * moe_inter or get("shared_expert_intermediate_size") or 0
+    if model_type.startswith("llama4"):
+        shared = inter  # one shared expert as wide as a routed one; dense layers use intermediate_size_mlp
+        inter = get("intermediate_size_mlp") or inter
+    return {
+        "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_size": head_size, "layers": layers,
+        "vocab": get("vocab_size") or 32000, "tied": bool(get("tie_word_embeddings")), "inter": inter,
+        "experts": experts, "moe_inter": moe_inter, "topk": get("num_experts_per_tok") or 1,
+        "shared": shared, "moe_layers": frozenset(moe_layers), "mla": _mla_dims(get) if mla else None,
+        "qkv_bias": bool(get("attention_bias")) or model_type.startswith("qwen2"),
+        "rotary": (get("qk_rope_head_dim") if mla else head_size),
+        "moe_block": {"mixtral": "block_sparse_moe"}.get(model_type, "feed_forward" if model_type.startswith(
+            "llama4") else "mlp"),
+    }
+
+
+def _mla_dims(get):
+    return {"q_lora": get("q_lora_rank"), "kv_lora": get("kv_lora_rank"), "rope": get("qk_rope_head_dim"),
+            "nope": get("qk_nope_head_dim") or 128, "v": get("v_head_dim") or 128}
+
+
+def _modules(dims, quant, dtype_bytes):
+    """Weight tensors as vLLM allocates them: (layers, name, K inputs, N outputs, count, shard, kind, quantized).
+
+    layers: the layer indices holding the tensor (None: embedding / lm_head / final norm); shard: how tensor
+    parallelism splits it: "out"/"in" (column/row parallel), "kv" (KV heads, replicated when fewer than TP),
+    "vocab" (padded to 64 rows), "rep" (every rank holds all of it); kind: linear, experts, router (never
+    quantized: vLLM builds routers with quant_config=None), dense (embeddings, norms, biases: never quantized)."""
+    hidden, hd, heads, kv = dims["hidden"], dims["head_size"], dims["heads"], dims["kv_heads"]
+    every = frozenset(range(dims["layers"]))
+    moe, dense = dims["moe_layers"], every - dims["moe_layers"]
+    prefix = "model.layers.%d."
+    attn = []
+    if dims["mla"]:
+        m = dims["mla"]
+        qk = m["nope"] + m["rope"]
+        attn += ([("self_attn.q_proj", hidden, heads * qk, "out")] if not m["q_lora"] else
+                 [("self_attn.q_a_proj", hidden, m["q_lora"], "rep"), ("self_attn.q_b_proj", m["q_lora"], heads * qk,
+                                                                       "out")])
+        attn += [("self_attn.kv_a_proj_with_mqa", hidden, m["kv_lora"] + m["rope"], "rep"),
+                 ("self_attn.kv_b_proj", m["kv_lora"], heads * (m["nope"] + m["v"]), "out"),
+                 ("self_attn.o_proj", heads * m["v"], hidden, "in")]
+    else:
+        attn += [("self_attn.q_proj", hidden, heads * hd, "out"), ("self_attn.k_proj", hidden, kv * hd, "kv"),
+                 ("self_attn.v_proj", hidden, kv * hd, "kv"), ("self_attn.o_proj", heads * hd, hidden, "in")]
+    mlp = [("mlp.gate_proj", hidden, dims["inter"], "out"), ("mlp.up_proj", hidden, dims["inter"], "out"),
+           ("mlp.down_proj", dims["inter"], hidden, "in")]
+    block = dims["moe_block"] + "."
+    shared = [(block + "shared_experts.gate_proj", hidden, dims["shared"], "out"),
+              (block + "shared_experts.up_proj", hidden, dims["shared"], "out"),
+              (block + "shared_experts.down_proj", dims["shared"], hidden, "in")] if dims["shared"] else []
+    out = []
+
+    def add(layers, name, k, n, count, shard, kind):
+        """One template per layer set, split by whether the quantization skips it in that layer."""
+        if not layers or not k or not n:
+            return
+        if layers is None or kind in ("router", "dense"):
+            out.append((layers, name, k, n, count, shard, kind, kind != "dense" and _quantizes(quant, name, kind)))
+            return
+        split = {}
+        for i in layers:
+            split.setdefault(_quantizes(quant, prefix % i + name, kind), set()).add(i)
+        out.extend((frozenset(s), name, k, n, count, shard, kind, q) for q, s in split.items())
+
+    for name, k, n, shard in attn:
+        add(every, name, k, n, 1, shard, "linear")
+    if dims["qkv_bias"]:
+        add(every, "self_attn.qkv_bias", 1, (heads + 2 * kv) * hd, 1, "out", "dense")
+    for name, k, n, shard in mlp:
+        add(dense, name, k, n, 1, shard, "linear")
+    add(moe, block + "experts", hidden, 2 * dims["moe_inter"], dims["experts"], "out", "experts")
+    add(moe, block + "experts.down", dims["moe_inter"], hidden, dims["experts"], "in", "experts")
+    add(moe, block + "gate", hidden, dims["experts"], 1, "rep", "router")
+    for name, k, n, shard in shared:
+        add(moe, name, k, n, 1, shard, "linear")
+    add(every, "norms", 1, 2 * hidden, 1, "rep", "dense")
+    out.append((None, "model.embed_tokens", dims["vocab"], hidden, 1, "vocab", "dense", False))
+    if not dims["tied"]:
+        out.append((None, "lm_head", dims["vocab"], hidden, 1, "vocab", "head", _quantizes(quant, "lm_head", "head")))
+    return tuple(out)
+
+
+# quantization_config.quant_method -> what vLLM does with it (model_executor/layers/quantization/: auto_awq.py,
+# auto_gptq.py, fp8.py, mxfp4.py, compressed_tensors/, bitsandbytes.py in 0.19). Per K x N weight matrix:
+#   awq: int4 packed 8 to an int32, an fp16 scale per group of K and (zero_point) a packed 4-bit zero per group;
+#   gptq: the same with zeros only when asymmetric (0.34 retires symmetric qzeros) and, with desc_act, g_idx and
+#         its sort permutation (two int32 per input row);
+#   fp8: one byte, a float32 scale per 128 x 128 block when weight_block_size is set (per tensor otherwise);
+#   mxfp4: two fp4 values a byte and a uint8 exponent per 32 inputs, on the MoE experts only (vLLM keeps every
+#          linear layer of gpt-oss in 16 bits);
+#   compressed-tensors: num_bits per weight, scales per group / channel / block, zeros when not symmetric;
+#   bitsandbytes: 4-bit packs two a byte with a float32 absmax per 64 (double quant: a uint8 per 64 plus a
+#                 float32 per 256 blocks), 8-bit is one byte plus a float32 per output row.
+# Embeddings and norms stay 16-bit in every format; lm_head only with awq/gptq "lm_head": true.
+QUANT_METHODS = ("awq", "gptq", "fp8", "mxfp4", "compressed-tensors", "bitsandbytes")
+
+
+def _quantization(config):
+    """quantization_config parsed into what the weight arithmetic needs (None: not quantized)."""
+    if not config:
+        return None
+    config = _mapping(config, "model.quantization_config")
+    method = str(config.get("quant_method") or "").lower().replace("_marlin", "")
+    field = "model.quantization_config"
+    if method not in QUANT_METHODS:
+        _fail("%s.quant_method %r is not sized here (sized: %s): give model._weight_bytes, the bytes of weights "
+              "vLLM loads (\"Model loading took\" x tensor_parallel_size)" % (field, method, ", ".join(QUANT_METHODS)))
+    quant = {"method": method, "skip": (), "match": "substring", "lm_head": False}
+    if method in ("awq", "gptq"):
+        bits = _int(config.get("bits", config.get("w_bit")), field + ".bits")
+        group = config.get("group_size", config.get("q_group_size", 128))
+        group = -1 if group == -1 else _int(group, field + ".group_size")
+        zeros = bool(config.get("zero_point", True)) if method == "awq" else not config.get("sym", True)
+        quant.update(bits=bits, group=group, zeros=zeros, lm_head=bool(config.get("lm_head")),
+                     g_idx=method == "gptq" and bool(config.get("desc_act")),
+                     skip=tuple(config.get("modules_to_not_convert") or ()) + tuple(
+                         k[2:] for k in (config.get("dynamic") or {}) if k.startswith("-:")))
+        if method == "gptq":
+            quant["match"] = "regex_or_substring"
+    elif method == "fp8":
+        block = config.get("weight_block_size")
+        quant.update(block=tuple(block) if block else None, match="exact",
+                     skip=tuple(config.get("ignored_layers") or config.get("modules_to_not_convert") or ()))
+    elif method == "mxfp4":
+        quant.update(match="glob", skip=tuple(config.get("modules_to_not_convert") or ()))
+    elif method == "bitsandbytes":
+        quant.update(bits=4 if config.get("load_in_4bit") else 8, double=bool(config.get("bnb_4bit_use_double_quant")),
+                     skip=tuple(config.get("llm_int8_skip_modules") or ()))
+        if not (config.get("load_in_4bit") or config.get("load_in_8bit")):
+            _fail("%s: bitsandbytes without load_in_4bit or load_in_8bit is not a quantized checkpoint" % field)
+    else:
+        quant.update(_compressed_tensors(config, field))
+    return quant
+
+
+def _compressed_tensors(config, field):
+    """The config_groups of a compressed-tensors checkpoint: (targets, weights scheme) in order, and the ignore list."""
+    groups = []
+    for name, group in sorted(_mapping(config.get("config_groups"), field + ".config_groups").items()):
+        weights = _mapping(group.get("weights"), "%s.config_groups.%s.weights" % (field, name))
+        strategy = weights.get("strategy") or "tensor"
+        scheme = {"bits": _int(weights.get("num_bits"), "%s.config_groups.%s.weights.num_bits" % (field, name)),
+                  "strategy": strategy, "group": weights.get("group_size") or -1,
+                  "block": tuple(weights.get("block_structure") or (128, 128)),
+                  "zeros": not weights.get("symmetric", True),
+                  "scale_bytes": 4 if weights.get("type") == "float" else 2}
+        groups.append((tuple(group.get("targets") or ("Linear",)), scheme))
+    if not groups:
+        _fail("%s.config_groups is empty: nothing says how the weights are stored" % field)
+    return {"groups": tuple(groups), "skip": tuple(config.get("ignore") or ()), "match": "regex_or_exact"}
+
+
+def _matches(name, pattern, mode):
+    """Whether a skip/target entry names a module, the way the format's loader compares them."""
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    if mode == "glob":
+        return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, pattern + ".*")
+    if mode in ("exact", "regex_or_exact"):
+        # vLLM checks the unfused shards: "mlp.experts" is skipped by its own name or a name below it.
+        return name == pattern or name.startswith(pattern + ".")
+    if mode == "regex_or_substring" and any(c in pattern for c in "*+[("):
+        return re.match(pattern, name) is not None
+    return pattern in name
+
+
+def _quantizes(quant, name, kind):
+    """Whether vLLM stores this module quantized (see QUANT_METHODS for which kinds each format covers)."""
+    if quant is None or kind in ("router", "dense") or (kind == "head" and not quant["lm_head"]):
+        return False
+    if quant["method"] == "mxfp4" and kind != "experts":
+        return False
+    if any(_matches(name, p, quant["match"]) for p in quant["skip"]):
+        return False
+    if quant["method"] == "compressed-tensors":
+        return _ct_scheme(quant, name) is not None
+    return True
+
+
+def _ct_scheme(quant, name):
+    """The first config group whose targets cover the module (\"Linear\" covers every linear layer)."""
+    for targets, scheme in quant["groups"]:
+        if any(t == "Linear" or _matches(name, t, "regex_or_exact") for t in targets):
+            return scheme
+    return None
+
+
+def _storage(quant, name, k, n, dtype_bytes):
+    """Bytes of one K x N weight matrix as vLLM stores it after loading (unquantized: the served dtype)."""
+    if quant is None:
+        return k * n * dtype_bytes
+    method = quant["method"]
+    if method in ("awq", "gptq"):
+        groups = 1 if quant["group"] == -1 else _cdiv(k, quant["group"])
+        zeros = n * groups * quant["bits"] // 8 if quant["zeros"] else 0
+        return k * n * quant["bits"] // 8 + groups * n * 2 + zeros + (8 * k if quant["g_idx"] else 0)
+    if method == "fp8":
+        block = quant["block"]
+        return k * n + (_cdiv(k, block[1]) * _cdiv(n, block[0]) * 4 if block else 4)
+    if method == "mxfp4":
+        return k * n // 2 + _cdiv(k, 32) * n
+    if method == "bitsandbytes":
+        if quant["bits"] == 8:
+            return k * n + 4 * n
+        blocks = _cdiv(k * n, 64)
+        return k * n // 2 + (blocks + 4 * _cdiv(blocks, 256) if quant["double"] else 4 * blocks)
+    scheme = _ct_scheme(quant, name)
+    strategy = scheme["strategy"]
+    scales = {"group": (1 if scheme["group"] == -1 else _cdiv(k, scheme["group"])) * n, "channel": n,
+              "block": _cdiv(k, scheme["block"][1]) * _cdiv(n, scheme["block"][0])}.get(strategy, 1)
+    zeros = scales * scheme["bits"] // 8 if scheme["zeros"] else 0
+    return k * n * scheme["bits"] // 8 + scales * scheme["scale_bytes"] + zeros
+
+
+def _shard(k, n, shard, tp, dims):
+    """(K, N) of one tensor-parallel rank's part."""
+    if shard == "out":
+        return k, _cdiv(n, tp)
+    if shard == "in":
+        return _cdiv(k, tp), n
+    if shard == "kv":
+        return k, max(1, dims["kv_heads"] // tp) * dims["head_size"]
+    if shard == "vocab":
+        return _cdiv(_cdiv(k, 64) * 64, tp), n
+    return k, n
+
+
+def _stage_weights(shape, tp, pp):
+    """Estimated weight bytes on the GPU of each pipeline stage (one tensor-parallel rank), from the modules."""
+    dims, quant, dtype_bytes = shape["dims"], shape["quantization"], shape["dtype_bytes"]
+    stages = _pp_stages(dims["layers"], pp)
+    # The rotary cos/sin cache: max positions x rotary dim in the model dtype, on every stage.
+    totals = [shape["max_len"] * (dims["rotary"] or 0) * 2] * pp
+    for layers, name, k, n, count, shard, kind, quantized in shape["modules"]:
+        k, n = _shard(k, n, shard, tp, dims)
+        if quantized and kind == "experts" and quant["method"] == "mxfp4":
+            # Padded for the MoE kernel (Marlin, TRT-LLM: hidden to 256, intermediate to 128); the lighter
+            # padding of other kernels is within this.
+            k, n = _cdiv(k, 256 if shard == "out" else 128) * (256 if shard == "out" else 128), _cdiv(n, 256) * 256
+        size = count * _storage(quant if quantized else None, name, k, n, dtype_bytes)
+        if layers is None:
+            # The embedding lives on the first stage, lm_head on the last (a tied one is copied there).
+            holders = [pp - 1] if name == "lm_head" else ([0, pp - 1] if dims["tied"] and pp > 1 else [0])
+            for stage in set(holders):
+                totals[stage] += size
+        else:
+            for index, stage in enumerate(stages):
+                totals[index] += size * len(stage.intersection(layers))
+    return totals
+
+
+def _weight_bytes(model, modules, quant, dtype_bytes):
+    """(bytes, how) of the whole checkpoint: given, from the parameter count, or estimated from the modules."""
     if model.get("_weight_bytes") is not None:
         return _int(model["_weight_bytes"], "model._weight_bytes"), "given"
-    if model.get("_num_parameters") is not None:
-        return 2 * _int(model["_num_parameters"], "model._num_parameters"), "from _num_parameters x 2 bytes"
-    inter = get("intermediate_size") or 4 * hidden
-    attn = hidden * head_size * (2 * heads + 2 * kv_heads)
-    mlp = 3 * hidden * inter
-    if experts:
-        mlp = 3 * hidden * (get("moe_intermediate_size") or inter) * (experts + (get("n_shared_experts") or 0))
-    embed = (get("vocab_size") or 32000) * hidden * (1 if get("tie_word_embeddings") else 2)
-    return 2 * (layers * (attn + mlp) + embed), "estimated from config.json shapes"
+    if model.get("_num_parameters") is not None and quant is None:
+        # A quantized checkpoint's parameter count counts packed int32 words, not weights: not used.
+        return (dtype_bytes * _int(model["_num_parameters"], "model._num_parameters"),
+                "from _num_parameters x %d bytes" % dtype_bytes)
+    total = 0
+    for layers, name, k, n, count, shard, kind, quantized in modules:
+        total += count * (1 if layers is None else len(layers)) * _storage(
+            quant if quantized else None, name, k, n, dtype_bytes)
+    if quant is None:
+        return total, "estimated from config.json shapes"
+    return total, "estimated from config.json shapes and quantization_config (%s)" % _describe(quant)
+
+
+def _describe(quant):
+    method = quant["method"]
+    if method in ("awq", "gptq"):
+        group = "per channel" if quant["group"] == -1 else quant["group"]
+        return "%s %d-bit, group %s" % (method, quant["bits"], group)
+    if method == "fp8":
+        return "fp8, %s scales" % ("%dx%d block" % quant["block"] if quant["block"] else "per-tensor")
+    if method == "bitsandbytes":
+        return "bitsandbytes %d-bit" % quant["bits"]
+    if method == "compressed-tensors":
+        return "compressed-tensors " + ", ".join("%d-bit %s" % (s["bits"], s["strategy"]) for _, s in quant["groups"])
+    return "mxfp4 experts"
+
+
+def _gpu_weight_bytes(shape, tp, pp):
+    """Weight bytes on the busiest GPU: the largest stage of one rank; a given total is split like the estimate."""
+    stages = _stage_weights(shape, tp, pp)
+    total, how = shape["weight_bytes"]
+    if how.startswith("estimated"):
+        return max(stages)
+    estimate = sum(_stage_weights(shape, 1, 1))
+    return _cdiv(total * max(stages), estimate)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -733,21 +1066,24 @@ def _utilization(policy, applied):
 def _budget(lay, ctx, seqs, weights=None):
     """Per-GPU memory budget: what vLLM subtracts from its share before the KV cache (weights: per GPU,
     to try another checkpoint)."""
-    shape, policy, batched = lay["shape"], ctx["policy"], ctx["batched"]
-    parallel = lay["tp"] * lay["pp"]
+    shape, policy, batched, row = lay["shape"], ctx["policy"], ctx["batched"], lay["row"]
     if weights is None:
-        weights = _cdiv(shape["weight_bytes"][0], parallel)
+        weights = _gpu_weight_bytes(shape, lay["tp"], lay["pp"])
     weights = max(0, weights - int(ctx["serve"].get("cpu_offload_gb", 0) * GiB))
-    sharded = 3 * shape["mlp_width"] + (shape["heads"] + 2 * shape["kv_heads"]) * shape["head_size"]
-    per_token = 2 * (2 * shape["hidden"] + sharded // lay["tp"])
     activation = policy.get("activation_bytes")
     if activation is None:
-        # Profiling run at max_num_batched_tokens plus float32 logits for max_num_seqs sequences.
-        activation = batched * per_token + seqs * shape["vocab"] * 4 + WORKSPACE_BYTES
-    graphs = 0 if ctx["enforce_eager"] else policy.get("cuda_graph_bytes", CUDA_GRAPH_BYTES)
+        activation = _activation(shape, lay["tp"], lay["pp"], batched, seqs)
+    graphs = policy.get("cuda_graph_bytes")
+    if graphs is None:
+        graphs = _cuda_graphs(lay, seqs) if row["cuda_graph_budget"] or ctx["extensible"] else 0
+    if ctx["enforce_eager"]:
+        graphs = 0
     non_torch = policy.get("non_torch_bytes")
     if non_torch is None:
-        non_torch = NON_TORCH_BYTES + (NON_TORCH_PARALLEL_BYTES if parallel > 1 else 0)
+        non_torch = NON_TORCH_BYTES
+        if lay["tp"] > 1:
+            non_torch += next(v for cc, v in sorted(NON_TORCH_TP_BYTES.items(), reverse=True)
+                              if ctx["device"]["capability"] >= cc)
     usable = ctx["usable"]
     requested = math.ceil(usable * ctx["utilization"])
     not_kv = weights + graphs + non_torch
@@ -763,6 +1099,35 @@ def _budget(lay, ctx, seqs, weights=None):
     return {"usable_bytes": usable, "requested_bytes": requested, "weights_bytes": weights,
             "activation_peak_bytes": activation, "cuda_graph_bytes": graphs, "non_torch_bytes": non_torch,
             "kv_cache_bytes": max(kv, 0)}
+
+
+def _activation(shape, tp, pp, batched, seqs):
+    """Peak torch memory of vLLM's profiling run on the busiest stage (see SAMPLER_BYTES_PER_LOGIT)."""
+    dims, width = shape["dims"], shape["dtype_bytes"]
+    attention = (dims["heads"] + 2 * dims["kv_heads"]) * dims["head_size"] // tp + 4 * dims["hidden"]
+    # Dense MLP: gate/up output, activation output; with only MoE layers the workspace below is the MLP.
+    mlp = 3 * dims["inter"] // tp if len(dims["moe_layers"]) < dims["layers"] else 0
+    forward = batched * width * (attention + mlp)
+    sampler = seqs * dims["vocab"] * SAMPLER_BYTES_PER_LOGIT
+    moe = 0
+    if dims["moe_layers"]:
+        moe = min(batched, MOE_CHUNK_TOKENS) * dims["topk"] * width * (3 * dims["moe_inter"] // tp + dims["hidden"])
+    # Pipeline stages keep the received hidden states and residual of a whole batch.
+    relay = 2 * batched * dims["hidden"] * width if pp > 1 else 0
+    return max(forward, sampler) + moe + relay
+
+
+def _cuda_graphs(lay, seqs):
+    """Memory of the captured CUDA graphs on the busiest stage (see CUDA_GRAPH_BYTES)."""
+    dims, tp = lay["shape"]["dims"], lay["tp"]
+    capture = min(2 * seqs, CUDA_GRAPH_MAX_CAPTURE)
+    # Per layer: q/k/v and attention output, residual and hidden state; MoE layers also keep the top-k routed
+    # copies of the hidden state. 16-bit activations whatever the weights (0.19 printed the same for float32).
+    attention = (2 * dims["heads"] + 2 * dims["kv_heads"]) * dims["head_size"] // tp + 2 * dims["hidden"]
+    routed = dims["topk"] * dims["hidden"]
+    layers = max(len(stage) for stage in lay["stages"])
+    moe = max(len(stage & dims["moe_layers"]) for stage in lay["stages"])
+    return CUDA_GRAPH_BYTES + 2 * capture * (attention * layers + routed * moe)
 
 
 def _tp_candidates(shape, start, count, allow_more):
@@ -808,7 +1173,7 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
     version = _version(policy.get("vllm_version"))
     row = VERSIONS[version]
     serve = _serve_options(policy.get("serve_options"), version)
-    shape = _model_shape(model, serve.get("dtype"))
+    shape = _model_shape(model, serve.get("dtype"), serve.get("quantization"))
     host = policy.get("host")
     where = ("host %s: " % host) if host else ""
     name = str(policy.get("model") or shape["name"])  # for messages; the model may have no name
@@ -991,7 +1356,7 @@ def _plan(ctx, result, fits, tried):
 def _serve_warnings(ctx, budget, warnings):
     """What the serving options change in the budget, said where the plan cannot check it."""
     serve = ctx["serve"]
-    if serve.get("quantization") and not ctx["shape"]["quantized"]:
+    if serve.get("quantization") and ctx["shape"]["quantization"] is None:
         warnings.append("quantization %s of an unquantized checkpoint: the budget counts the checkpoint's weights "
                         "(%s per GPU), so the KV cache vLLM gets will be larger than planned"
                         % (serve["quantization"], _gib(budget["weights_bytes"])))
@@ -1038,18 +1403,29 @@ def _misfit_reason(ctx, result, tried):
     return "; ".join(p for p in parts if p)
 
 
+# Checkpoints the hint considers: FP8 (as vLLM's fp8 method or compressed-tensors FP8-dynamic store it) and AWQ
+# 4-bit with 128-wide groups, the common published forms; embeddings, lm_head, norms and routers stay 16-bit.
+HINT_CHECKPOINTS = (("an 8-bit (FP8)", {"quant_method": "fp8"}),
+                    ("a 4-bit (AWQ/GPTQ)", {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}))
+
+
 def _quantization_hint(ctx, result):
     """Quantized weights cannot be applied to a checkpoint we do not have; say whether one would fit."""
-    if ctx["shape"]["quantized"]:
+    shape = ctx["shape"]
+    if shape["quantized"]:
         return "the checkpoint is already quantized: this model needs more or larger GPUs"
     lay, weights = result["lay"], result["budget"]["weights_bytes"]
-    for label, factor in (("an 8-bit (FP8/INT8)", 2), ("a 4-bit (AWQ/GPTQ)", 4)):
-        kv = _budget(lay, ctx, result["max_num_seqs"], weights // factor)["kv_cache_bytes"]
+    for label, config in HINT_CHECKPOINTS:
+        quant = _quantization(config)
+        variant = dict(shape, quantization=quant, modules=_modules(shape["dims"], quant, shape["dtype_bytes"]),
+                       weight_bytes=(0, "estimated"))
+        smaller = _gpu_weight_bytes(variant, lay["tp"], lay["pp"])
+        kv = _budget(lay, ctx, result["max_num_seqs"], smaller)["kv_cache_bytes"]
         if _max_len(lay, kv, ctx["target_len"]) >= ctx["floor_len"]:
             held = _capacity(lay, kv, ctx["p99"] or ctx["floor_len"])
             if (held["num_blocks"] - 1) // held["blocks_per_request"] >= (ctx["peak"] or 1):
                 return ("suggestion: %s checkpoint of this model would fit (about %s of weights per GPU instead of %s)"
-                        % (label, _gib(weights // factor), _gib(weights)))
+                        % (label, _gib(smaller), _gib(weights)))
     return "even a 4-bit checkpoint would not fit: more or larger GPUs are needed"
 
 

@@ -160,7 +160,7 @@ def test_bad_models(model, message):
     ({"block_size": -16}, r"block_size must be at least 1"),
     ({"max_num_batched_tokens": 1.5}, r"max_num_batched_tokens must be an integer"),
     ({"vllm_version": "0.20.0"},
-     r"vllm_version '0.20.0' is not in the version table \(known: 0.11.0, 0.32.0, 0.34.0\)"),
+     r"vllm_version '0.20.0' is not in the version table \(known: 0.11.0, 0.19.0, 0.32.0, 0.34.0\)"),
     ({"device": "tpu"}, r"device must be cuda or cpu, got 'tpu'"),
 ])
 def test_bad_kv_arguments(kwargs, message):

@@ -1,0 +1,190 @@
+"""The budget against published vLLM startups on real GPUs (tests/fixtures/startup-logs/), and quantized weights
+sized from real quantization_config blocks."""
+import os
+import sys
+
+import pytest
+from ansible.errors import AnsibleFilterError
+from conftest import ROOT, gpu
+
+import vllm_sizing as vs
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import bench_budget  # noqa: E402
+
+GiB = 1 << 30
+ROWS, SKIPPED = bench_budget.corpus()
+H100 = [gpu("NVIDIA H100 80GB HBM3", 81559, "9.0")]
+
+
+# --- The corpus -----------------------------------------------------------------------------------------------------
+
+def test_the_corpus_is_sized():
+    # Every log the catalog and the version table can size; the rest are listed with a reason (see -rs).
+    assert len(ROWS) >= 24
+    assert all(why for _, why in SKIPPED)
+
+
+@pytest.mark.parametrize("ident, log, plan, error", ROWS, ids=[row[0] for row in ROWS])
+def test_predicted_kv_within_bounds(ident, log, plan, error):
+    """Within 5 % of the printed "Available KV cache memory", never more than 3 % above it."""
+    assert error <= bench_budget.OVER and abs(error) <= bench_budget.OFF, (
+        "%s: predicted %.2f GiB, vLLM printed %.2f GiB" % (
+            ident, plan["budget_per_gpu"]["kv_cache_bytes"] / GiB, log["parsed"]["kv_available_gib"]))
+
+
+@pytest.mark.parametrize("ident, why", SKIPPED, ids=[row[0] for row in SKIPPED])
+def test_skipped_log(ident, why):
+    pytest.skip(why)
+
+
+@pytest.mark.parametrize("ident, log, plan, error",
+                         [row for row in ROWS if row[1]["parsed"].get("weights_gib")], ids=lambda v: str(v)[:40])
+def test_weights_per_gpu_match_model_loading(ident, log, plan, error):
+    """Model loading took X GiB: within 2 % for every dtype and format in the corpus (MXFP4 above: padded)."""
+    printed = log["parsed"]["weights_gib"]
+    assert abs(plan["budget_per_gpu"]["weights_bytes"] / GiB - printed) <= 0.02 * printed + 0.05
+
+
+def test_version_rows_decide_whether_cuda_graphs_are_budgeted():
+    base = {"gpu_memory_utilization": 0.9}
+    model = vs.vllm_model("meta-llama/Llama-3.1-8B-Instruct")
+    old = vs.vllm_sizing(H100, model, {"max_context": 8192}, dict(base, vllm_version="0.19.0"))
+    new = vs.vllm_sizing(H100, model, {"max_context": 8192}, dict(base, vllm_version="0.32.0"))
+    assert old["budget_per_gpu"]["cuda_graph_bytes"] == 0  # captured after the KV cache, in the headroom
+    assert 0.5 * GiB < new["budget_per_gpu"]["cuda_graph_bytes"] < 1.5 * GiB  # 0.19 estimated 0.84 GiB
+    assert bench_budget.version_row("0.10.1.1") == "0.11.0" and bench_budget.version_row("0.19.0") == "0.19.0"
+
+
+# --- Quantized checkpoints ------------------------------------------------------------------------------------------
+
+# AutoAWQ's quantization_config, as published with hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4 ("INT4 using
+# the GEMM kernels performing zero-point quantization with a group size of 128") and verbatim in Qwen/Qwen3-4B-AWQ.
+AWQ = {"bits": 4, "group_size": 128, "modules_to_not_convert": None, "quant_method": "awq", "version": "gemm",
+       "zero_point": True}
+# Qwen/Qwen3-4B-AWQ config.json, verbatim in a public test fixture (code search index id 68662368756).
+QWEN3_4B_AWQ = {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "head_dim": 128, "hidden_size": 2560,
+                "intermediate_size": 9728, "max_position_embeddings": 40960, "model_type": "qwen3",
+                "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+                "quantization_config": {"bits": 4, "group_size": 128, "quant_method": "awq", "version": "gemm",
+                                        "zero_point": True},
+                "rope_theta": 1000000, "tie_word_embeddings": True, "torch_dtype": "float16", "vocab_size": 151936}
+# A DeepSeek-V3 family config.json with its block-FP8 quantization_config (code search index id 62464985633).
+DEEPSEEK_V3_FP8 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "first_k_dense_replace": 3, "hidden_size": 7168,
+    "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_routed_experts": 256, "n_shared_experts": 1,
+    "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 40.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "rope_type": "yarn", "type": "yarn"},
+    "tie_word_embeddings": False, "v_head_dim": 128, "vocab_size": 129280}
+
+
+def unquantized(name):
+    return {k: v for k, v in vs.vllm_model(name).items() if k not in ("_weight_bytes", "_num_parameters")}
+
+
+def test_awq_70b_fits_one_h100_at_about_37_gib():
+    """Issue 10: Llama-3.1-70B AWQ-INT4 was budgeted at 131 GiB (2 bytes a parameter)."""
+    config = dict(unquantized("meta-llama/Llama-3.1-70B-Instruct"), quantization_config=AWQ,
+                  torch_dtype="float16", _name="hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4")
+    weights, how = vs._model_shape(config)["weight_bytes"]
+    # int4 + fp16 scale + packed zero per 128 for every linear layer; embeddings and lm_head in 16 bits.
+    assert 36.5 * GiB < weights < 37.5 * GiB and how.endswith("quantization_config (awq 4-bit, group 128)")
+    plan = vs.vllm_sizing(H100, config, {"p99_context": 8192}, {"allow_tensor_parallel": False})
+    assert plan["fits"] and plan["budget_per_gpu"]["weights_bytes"] < 38 * GiB
+
+
+def test_quantized_hint_names_the_checkpoint_size(a10g):
+    plan = vs.vllm_sizing(H100, vs.vllm_model("meta-llama/Llama-3.1-70B-Instruct"), {"p99_context": 8192},
+                          {"strict": False, "allow_tensor_parallel": False})
+    assert "a 4-bit (AWQ/GPTQ) checkpoint of this model would fit (about 37.07 GiB of weights per GPU instead " \
+           "of 131.42 GiB)" in plan["reason"]
+
+
+def test_awq_real_config_and_its_skip_list():
+    shape = vs._model_shape(QWEN3_4B_AWQ)
+    # Tied embeddings in fp16 (0.78 GB) plus 3.63 G linear weights at 0.52 bytes (1.89 GB): 2.66 GB.
+    assert 2.6e9 < shape["weight_bytes"][0] < 2.7e9
+    skipping = dict(QWEN3_4B_AWQ, quantization_config=dict(QWEN3_4B_AWQ["quantization_config"],
+                                                           modules_to_not_convert=["self_attn"]))
+    # AWQ compares by substring: every attention projection stays fp16.
+    assert vs._model_shape(skipping)["weight_bytes"][0] > shape["weight_bytes"][0] + 0.5 * GiB
+
+
+def test_block_fp8_moe_mla_keeps_routers_and_embeddings_wide():
+    shape = vs._model_shape(DEEPSEEK_V3_FP8)
+    # 671 B parameters, one byte each plus a float32 scale per 128 x 128 block; 1.85 GiB of bf16 embeddings/lm_head.
+    assert 625 * GiB < shape["weight_bytes"][0] < 640 * GiB
+    routers = [m for m in shape["modules"] if m[6] == "router"]
+    assert routers and not any(m[7] for m in routers)
+    assert not [m for m in shape["modules"] if m[1] == "lm_head"][0][7]
+    per_gpu = vs._gpu_weight_bytes(shape, 8, 1)
+    assert shape["weight_bytes"][0] / 8 < per_gpu < shape["weight_bytes"][0] / 8 + 2 * GiB  # replicated MLA parts
+
+
+def test_mxfp4_quantizes_only_the_experts():
+    shape = vs._model_shape(vs.vllm_model("openai/gpt-oss-120b"))
+    kinds = {m[6] for m in shape["modules"] if m[7]}
+    assert kinds == {"experts"}
+    # 60.8 GiB of checkpoint; vLLM pads the experts for its MoE kernels (H100 printed 64.38 GiB at TP 1).
+    assert 60 * GiB < shape["weight_bytes"][0] < 61.5 * GiB
+    assert 64 * GiB < vs._gpu_weight_bytes(shape, 1, 1) < 67 * GiB
+
+
+@pytest.mark.parametrize("config, low, high", [
+    # W4A16 (RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16 scheme): 5.38 GiB printed by vLLM 0.19.
+    ({"quant_method": "compressed-tensors", "ignore": ["lm_head"], "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                                           "group_size": 128}}}}, 5.2, 5.5),
+    # FP8-dynamic (RedHatAI Llama-3.3-70B-Instruct-FP8-dynamic scheme): per-channel float scales.
+    ({"quant_method": "compressed-tensors", "ignore": ["lm_head"], "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "symmetric": True,
+                                           "strategy": "channel"}}}}, 8.4, 8.6),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}, 5.2, 5.5),
+    ({"quant_method": "gptq", "bits": 8, "group_size": -1, "desc_act": True, "sym": False}, 8.4, 8.6),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_use_double_quant": True,
+      "bnb_4bit_quant_type": "nf4"}, 5.2, 5.5),
+    ({"quant_method": "bitsandbytes", "load_in_8bit": True, "llm_int8_skip_modules": ["mlp"]}, 13.5, 14.0),
+])
+def test_formats_on_llama_8b(config, low, high):
+    shape = vs._model_shape(dict(unquantized("meta-llama/Llama-3.1-8B-Instruct"), quantization_config=config))
+    assert low * GiB < shape["weight_bytes"][0] < high * GiB
+
+
+def test_compressed_tensors_ignore_regex_and_targets():
+    config = {"quant_method": "compressed-tensors", "ignore": ["lm_head", "re:.*self_attn.*"], "config_groups": {
+        "group_0": {"targets": ["re:.*mlp.*"], "weights": {"num_bits": 4, "symmetric": False, "strategy": "group",
+                                                           "group_size": 64}}}}
+    shape = vs._model_shape(dict(unquantized("meta-llama/Llama-3.1-8B-Instruct"), quantization_config=config))
+    quantized = {m[1] for m in shape["modules"] if m[7]}
+    assert quantized == {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
+
+
+def test_fp8_exact_names_skip_single_layers():
+    config = {"quant_method": "fp8", "modules_to_not_convert": ["model.layers.0.self_attn.q_proj"]}
+    shape = vs._model_shape(dict(unquantized("meta-llama/Llama-3.1-8B-Instruct"), quantization_config=config))
+    wide = [m for m in shape["modules"] if m[1] == "self_attn.q_proj" and not m[7]]
+    assert [sorted(m[0]) for m in wide] == [[0]]
+
+
+def test_quantized_parameter_counts_are_not_used():
+    # A quantized checkpoint's parameter count counts packed words: sized from the modules instead.
+    config = dict(QWEN3_4B_AWQ, _num_parameters=1234)
+    assert vs._model_shape(config)["weight_bytes"][1].startswith("estimated from config.json shapes and")
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"quant_method": "hqq"}, r"model.quantization_config.quant_method 'hqq' is not sized here \(sized: awq, .*"
+                              r"give model._weight_bytes"),
+    ({"quant_method": "awq", "bits": "4"}, r"model.quantization_config.bits must be an integer, got '4'"),
+    ({"quant_method": "bitsandbytes"}, r"bitsandbytes without load_in_4bit or load_in_8bit"),
+    ({"quant_method": "compressed-tensors", "config_groups": {}}, r"config_groups is empty"),
+    ("awq", r"model.quantization_config must be a dict, got str"),
+])
+def test_bad_quantization_config(config, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        vs._model_shape(dict(QWEN3_4B_AWQ, quantization_config=config))
