@@ -11,6 +11,10 @@ import yaml
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "vllm-logs")
 sys.path.insert(0, os.path.join(ROOT, "roles", "vllm", "module_utils"))
+import vllm_log  # noqa: E402
+
+# What Ansible resolves the role's `ansible.module_utils.vllm_log` import to.
+sys.modules.setdefault("ansible.module_utils.vllm_log", vllm_log)
 import vllm_diagnosis  # noqa: E402
 
 
@@ -85,6 +89,8 @@ CASES = {
     # Client text (prompts, outputs, request bodies) and healthy lines.
     "prompts-with-failure-text.log": ("none", {}),
     "serving-start.log": ("none", {}),
+    "cpu032-startup-eager.log": ("none", {}),
+    "cpu032-startup-compiled.log": ("none", {}),
     "systemd-restart.log": ("none", {}),
 }
 

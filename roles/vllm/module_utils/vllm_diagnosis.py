@@ -7,9 +7,9 @@
 3. loop: the engine died; every request fails until the process restarts.
 
 How a log is read:
-- Only lines shaped like vLLM's own output count: after an optional journal prefix (journalctl -o short-iso), an
-  optional process prefix "(EngineCore_DP0 pid=N) " and an optional log header ("ERROR 12-03 18:36:29 [core.py:1512] "
-  or uvicorn's "INFO:     "), the message must START with the failure (optionally after exception type names).
+- Only lines shaped like vLLM's own output count: after the prefixes vllm_log strips (journal, process, log header
+  such as "ERROR 12-03 18:36:29 [core.py:1512] " or uvicorn's "INFO:     "), the message must START with the
+  failure (optionally after exception type names).
   Failures count only on ERROR/CRITICAL lines or raw stderr lines (tracebacks, NCCL). Request logs put the prompt
   after "Request ... prompt: " in one line (repr or JSON), so a prompt never starts a line; raw model output that
   a tool parser logs spans lines, but vLLM's formatter repeats the DEBUG header on each, so it never counts.
@@ -24,11 +24,15 @@ How a log is read:
   request in one piece (reserved-unallocated >= requested) and is a sizeable share of the GPU (>= 2% of its
   capacity). Below that the slack is the allocator's rounding and CUDA-graph pools, and sizing is the fix.
 
-Pure functions over text, shared by the vllm_diagnose and vllm_ready modules and the unit tests.
+Pure functions over text, shared by the vllm_diagnose and vllm_ready modules and the unit tests; the line anatomy
+and the wordings shared with the startup report are in vllm_log.
 """
 from __future__ import annotations
 
 import re
+
+from ansible.module_utils.vllm_log import (EXCEPTION_PREFIX, FREE_MEMORY_REFUSAL, KV_REFUSAL, PROCESS_START, SIZE,
+                                           split_line, to_bytes)
 
 # Advice names only variables that exist (tests/unit/test_vllm_diagnosis.py checks every name against the role's
 # defaults and the sizing filter's documented policy/workload keys).
@@ -94,56 +98,37 @@ ADVICE = {
         "vllm_start_limit_burst failed starts."),
 }
 
-# --- Line anatomy --------------------------------------------------------------------------------------------------
-_JOURNAL = re.compile(r"^(?P<time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:[+-]\d\d:?\d\d|Z)?) \S+ [^\s:]+: ")
-_PROCESS = re.compile(r"^\([^()]*\bpid=\d+[^()]*\) ")
-_HEADER = re.compile(
-    r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)"
-    r"(?: (?P<time>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)? \[?[^\s\]]+:\d+\] |: +)")
+# Line anatomy, sizes and the refusal messages are read by vllm_log, shared with the startup report.
 _FAILURE_LEVELS = (None, "ERROR", "CRITICAL")
-
-# Exception type names that may precede a message ("torch.OutOfMemoryError: ", V0's "OutOfMemoryError('"), and
-# the executor's wrapper of a worker's exception.
-_EXC = r"(?:[\w.]+(?:Error|Exception)(?:: +|\(['\"]))*"
-_WRAPPED = r"(?:RuntimeError: Worker failed with error ')?"
-_SIZE = r"[\d.]+ (?:bytes|KiB|MiB|GiB)"
-_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
 def _start(pattern):
-    return re.compile("^" + _WRAPPED + _EXC + pattern)
+    return re.compile("^" + EXCEPTION_PREFIX + pattern)
 
 
 # (role, name, pattern): causes, lines that follow from them, and the run's state.
 _FAILURES = (
-    ("cause", "startup_kv_cache", _start(
-        r"To serve at least one request with the models?'s max seq len \((?P<len>\d+)\), \((?P<need>[\d.]+) GiB KV "
-        r"cache is needed, which is larger than the available KV cache memory \((?P<avail>[\d.]+) GiB\)\."
-        r"(?: Based on the available memory, the estimated maximum model length is (?P<est>\d+)\.)?")),
+    ("cause", "startup_kv_cache", _start(KV_REFUSAL)),
     ("cause", "no_cache_memory", _start(
         r"(?:No available memory for the cache blocks|Cannot auto-fit max_model_len: not enough GPU memory available "
         r"to serve even a single token)\.")),
-    ("cause", "gpu_busy_at_start", _start(
-        r"Free memory on device (?:\S+ )?\((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup is less than "
-        r"(?:desired GPU memory utilization|the engine's budget after excluding external process's weights) "
-        r"\((?P<util>[\d.]+), (?P<want>[\d.]+) GiB\)")),
-    ("cause", "oom:torch", _start(r"CUDA out of memory\. Tried to allocate (?P<size>" + _SIZE + ")")),
+    ("cause", "gpu_busy_at_start", _start(FREE_MEMORY_REFUSAL)),
+    ("cause", "oom:torch", _start(r"CUDA out of memory\. Tried to allocate (?P<size>" + SIZE + ")")),
     ("cause", "oom:cuda", _start(r"CUDA error: out of memory")),
     ("cause", "oom:cublas", _start(r"CUDA error: CUBLAS_STATUS_ALLOC_FAILED")),
     ("cause", "oom:nccl", re.compile(r"^(?:\S+:\d+:\d+ \[\d+\] \S+ NCCL WARN )?Cuda failure (?:\d+ )?'out of memory'")),
     # Printed only after the engine was up.
     ("death", "engine_dead", re.compile(
         r"^(?:EngineCore encountered a fatal error\.|AsyncLLM output_handler failed\.|(?:[\w.]+\.)?(?P<v0>Async)?"
-        r"EngineDeadError: |" + _EXC + r"Engine core process \S+ died unexpectedly)")),
+        r"EngineDeadError: |" + EXCEPTION_PREFIX + r"Engine core process \S+ died unexpectedly)")),
     # A worker can also die while vLLM starts: it ends the engine but tells nothing about when.
     ("died", "engine_dead", re.compile(r"^Worker proc \S+ died unexpectedly")),
     ("startup_failed", "startup_failed", re.compile(
-        r"^(?:EngineCore failed to start\.|WorkerProc failed to start\.|" + _EXC + r"Engine core initialization "
-        r"failed\.)")),
+        r"^(?:EngineCore failed to start\.|WorkerProc failed to start\.|" + EXCEPTION_PREFIX + r"Engine core "
+        r"initialization failed\.)")),
 )
 _MARKERS = (
-    ("boundary", re.compile(r"^(?:Starting \S+\.service\b|vLLM (?:API )?server version |non-default args: |"
-                            r"Initializing an? (?:V1 )?LLM engine)")),
+    ("boundary", re.compile(r"^(?:" + PROCESS_START + r"|non-default args: |Initializing an? (?:V1 )?LLM engine)")),
     ("starting", re.compile(r"^(?:Model loading took|Loading model weights took) ")),
     ("serving", re.compile(r"^(?:Starting vLLM (?:API )?server\b|Available routes are:|Application startup complete\.|"
                            r"Started \S+\.service\b|\S+:\d+ - \"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) )")),
@@ -164,36 +149,12 @@ _PHASES = {
 }
 _RUNTIME_FRAMES = {"run_busy_loop", "_process_engine_step", "step_with_batch_queue", "run_engine_loop",
                    "engine_step", "step_async"}
-_TORCH_NUMBERS = (("total", re.compile(r"total capacit?y of (" + _SIZE + ")")),
-                  ("reserved_unallocated", re.compile(r"and (" + _SIZE + r") is reserved by PyTorch but unallocated")))
+_TORCH_NUMBERS = (("total", re.compile(r"total capacit?y of (" + SIZE + ")")),
+                  ("reserved_unallocated", re.compile(r"and (" + SIZE + r") is reserved by PyTorch but unallocated")))
 FRAGMENTATION_SHARE = 0.02
 _OOM_SOURCES = {"torch": "an allocation of {allocation} failed", "cuda": "CUDA error: out of memory",
                 "cublas": "cuBLAS could not allocate its workspace (CUBLAS_STATUS_ALLOC_FAILED)",
                 "nccl": "NCCL could not allocate ('Cuda failure ... out of memory')"}
-
-
-def _bytes(size):
-    number, unit = size.split()
-    return int(float(number) * _UNITS[unit])
-
-
-def _parse(line):
-    """(time, level, message) of one log line: prefixes and header removed."""
-    time = level = None
-    match = _JOURNAL.match(line)
-    if match:
-        time, line = match.group("time"), line[match.end():]
-    while True:
-        match = _PROCESS.match(line)
-        if match:
-            line = line[match.end():]
-            continue
-        match = _HEADER.match(line) if level is None else None
-        if match:
-            level, line = match.group("level"), line[match.end():]
-            time = time or match.group("time")
-            continue
-        return time, level, line.rstrip()
 
 
 def _classify(level, message):
@@ -221,7 +182,7 @@ def _events(text):
     """Every line that matters, in order, with its line number and time (its own, else the last one seen)."""
     events, last_time = [], None
     for number, raw in enumerate(text.splitlines(), 1):
-        time, level, message = _parse(raw)
+        time, level, _process, message, _prefixed = split_line(raw)
         last_time = time or last_time
         found = _classify(level, message)
         if found:
@@ -297,10 +258,10 @@ def _oom_details(incident):
                "engine_dead": incident.engine_died()}
     if torch:
         details["allocation"] = event["match"].group("size")
-        details["allocation_bytes"] = _bytes(details["allocation"])
+        details["allocation_bytes"] = to_bytes(details["allocation"])
         for key, pattern in _TORCH_NUMBERS:
             match = pattern.search(event["match"].string)
-            details[key + "_bytes"] = _bytes(match.group(1)) if match else None
+            details[key + "_bytes"] = to_bytes(match.group(1)) if match else None
         slack, total = details["reserved_unallocated_bytes"], details["total_bytes"]
         details["fragmentation"] = bool(slack and total and slack >= details["allocation_bytes"]
                                         and slack >= FRAGMENTATION_SHARE * total)
@@ -318,13 +279,15 @@ def _describe(incident):
     family = incident.family()
     if family == "startup_kv_cache":
         match = [e for e in incident.events if e["role"] == "cause"][-1]["match"]
-        estimate = int(match.group("est") or 0)
-        details = {"max_model_len": int(match.group("len")), "needed_gib": float(match.group("need")),
-                   "available_gib": float(match.group("avail")), "estimated_max_model_len": estimate}
+        estimate = int(match.group("estimated_max_model_len") or 0)
+        details = {"max_model_len": int(match.group("max_model_len")),
+                   "needed_gib": float(match.group("needed_kv_bytes")),
+                   "available_gib": float(match.group("available_kv_bytes")), "estimated_max_model_len": estimate}
         said = (f'vLLM: "the estimated maximum model length is {estimate}"' if estimate
                 else "vLLM printed no estimate: no length fits")
-        summary = (f"failure 1 (startup): max_model_len {match.group('len')} needs {match.group('need')} GiB of KV "
-                   f"cache but only {match.group('avail')} GiB is available ({said}).")
+        summary = (f"failure 1 (startup): max_model_len {details['max_model_len']} needs "
+                   f"{match.group('needed_kv_bytes')} GiB of KV cache but only {match.group('available_kv_bytes')} GiB "
+                   f"is available ({said}).")
         advice = ADVICE["startup_kv_cache" if estimate else "startup_kv_cache_no_estimate"].format(estimate=estimate)
         return "startup_kv_cache", summary, advice, details
     if family == "no_cache_memory":
@@ -332,11 +295,12 @@ def _describe(incident):
                 "and the profile run.", ADVICE["no_cache_memory"], {})
     if family == "gpu_busy_at_start":
         match = [e for e in incident.events if e["role"] == "cause"][-1]["match"]
-        details = {"free_gib": float(match.group("free")), "total_gib": float(match.group("total")),
-                   "gpu_memory_utilization": float(match.group("util")), "requested_gib": float(match.group("want"))}
-        return ("gpu_busy_at_start", f"vLLM refused to start: {match.group('free')}/{match.group('total')} GiB free "
-                f"at start, {match.group('want')} GiB wanted (utilization {match.group('util')}).",
-                ADVICE["gpu_busy_at_start"], details)
+        free, total, util, want = match.group("free_memory_at_start_bytes", "total_memory_bytes",
+                                              "gpu_memory_utilization", "requested_memory_bytes")
+        details = {"free_gib": float(free), "total_gib": float(total), "gpu_memory_utilization": float(util),
+                   "requested_gib": float(want)}
+        return ("gpu_busy_at_start", f"vLLM refused to start: {free}/{total} GiB free at start, {want} GiB wanted "
+                f"(utilization {util}).", ADVICE["gpu_busy_at_start"], details)
     if family == "oom":
         details = _oom_details(incident)
         what = _OOM_SOURCES[details["source"]].format(allocation=details["allocation"])
