@@ -7,6 +7,7 @@ import os
 import subprocess
 import tempfile
 import time
+import urllib.parse
 
 from fleet import INVENTORY, PROJECT, Load, http, playbook, sh, unit_props, wait_until
 
@@ -121,6 +122,38 @@ def test_3_engine_death_under_load_fails_no_request_and_systemd_restarts_it(tmp_
     journal = sh(host, f"journalctl -u {UNIT} --since '{since}' --no-pager -o cat").stdout
     # The dead engine made the server exit with status 0: a clean exit that only Restart=always restarts.
     assert "Deactivated successfully" in journal or "status=0/SUCCESS" in journal, journal[-2000:]
+
+
+def prometheus(path, query=None):
+    """A GET on the Prometheus API of balancer-1 (playbooks/monitoring.yml put it there), from that host itself."""
+    url = f"http://127.0.0.1:9090/api/v1/{path}" + (f"?query={urllib.parse.quote(query)}" if query else "")
+    out = json.loads(sh("balancer-1", f"curl -sf -m 10 '{url}'").stdout)
+    assert out["status"] == "success", out
+    return out["data"]
+
+
+def test_3_prometheus_alerts_on_that_engine_death_and_sees_every_instance():
+    """After test_3's SIGKILL of vllm-2's EngineCore, the restart alert is pending or firing in a real Prometheus,
+    from node exporter's systemd collector; every instance has KV and queue series, and HAProxy's exporter reports
+    every server UP."""
+    def engine_died():
+        return [a for a in prometheus("alerts")["alerts"]
+                if a["labels"]["alertname"] == "VllmEngineDied" and a["state"] in ("pending", "firing")]
+    alerts = wait_until(engine_died, 90, 5, "VllmEngineDied in Prometheus")
+    print(f"Prometheus alerts after the engine kill: {alerts}")
+    assert {(a["labels"]["host"], a["labels"]["instance"], a["labels"]["name"]) for a in alerts} == {
+        ("vllm-2", "vllm-2-main", UNIT)}
+    for metric in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting"):
+        series = prometheus("query", metric)["result"]
+        assert {r["metric"]["instance"] for r in series} == {h + "-main" for h in VLLM_HOSTS}, (metric, series)
+        # The labels built from the inventory: model, GPU model (the stand-in's A10G), version.
+        assert {(r["metric"]["model"], r["metric"]["vllm_version"]) for r in series} == {("tiny-llama", "0.32.0")}
+        assert all("A10G" in r["metric"]["gpu_model"] for r in series), series
+    up = wait_until(lambda: prometheus("query", 'haproxy_server_status{state="UP"} == 1')["result"], 30, 5,
+                    "HAProxy's exporter in Prometheus")
+    assert {r["metric"]["instance"] for r in up} == {h + "-main" for h in VLLM_HOSTS}, up
+    targets = prometheus("targets")["activeTargets"]
+    assert {t["health"] for t in targets} == {"up"}, [(t["scrapeUrl"], t["lastError"]) for t in targets]
 
 
 def test_4_restart_on_failure_would_not_restart_a_dead_engine():
