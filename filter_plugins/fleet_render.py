@@ -111,6 +111,10 @@ RULES = {
              "an absolute path of letters, digits and . _ - @ + (no spaces, no ..)"),
     "host": (HAPROXY_WORD, "a host name or IP address"),
     "env": (ENV_NAME, "an environment variable name"),
+    # A command-line option of a daemon started with $ARGS from an EnvironmentFile: systemd splits at whitespace
+    # and passes no quotes, so an option must be one word.
+    "flag": (re.compile(r"^--[A-Za-z0-9][A-Za-z0-9._-]*(=\S*)?$"),
+             "one word starting with -- (--name or --name=value)"),
 }
 
 

@@ -3,6 +3,7 @@ issue 12. systemd and HAProxy read the same renderings back on real test hosts (
 import pytest
 from ansible.errors import AnsibleFilterError
 
+from fleet_inventory import fleet_address, fleet_servers
 from fleet_render import (env_file, fleet_invalid, haproxy_word, systemd_comment, systemd_environment, systemd_exec,
                           systemd_value)
 
@@ -86,3 +87,32 @@ def test_fleet_invalid_names_the_variable_and_hides_secrets():
     assert fleet_invalid([["vllm_api_key", 'k3y\\with "quotes" $HOME %i and spaces', "secret"]]) == []
     with pytest.raises(AnsibleFilterError, match=r"unknown kind 'url'"):
         fleet_invalid([["x", "y", "url"]])
+
+
+def test_flags_are_one_word_options():
+    flags = ["--collector.systemd", "--cluster.listen-address=", "--web.listen-address=:9100", "--a b", "-v",
+             "--x=1\n--y", "positional"]
+    problems = fleet_invalid(flags, host="mon-1", kind="flag", label="monitoring_prometheus_args")
+    assert [p.split(" ")[1] for p in problems] == ["monitoring_prometheus_args[%d]" % i for i in (3, 4, 5, 6)]
+    assert all("one word starting with --" in p for p in problems)
+
+
+class HostVars(dict):
+    """hostvars: a host's variables by inventory name."""
+
+
+def test_fleet_servers_is_the_one_naming_and_address_rule():
+    hostvars = HostVars({
+        "gpu-1": {"ansible_host": "10.0.0.1", "vllm_instances": [{"name": "a", "port": 8000},
+                                                                   {"name": "b", "port": 8001}]},
+        "gpu-2": {"ansible_host": "10.0.0.2", "balancer_backend_address": "gpu-2.lan"},
+        "gpu-3": {},
+    })
+    servers = fleet_servers(["gpu-1", "gpu-2", "gpu-3"], hostvars, [{"name": "main", "port": 8000}])
+    assert [(s["server"], s["address"], s["port"]) for s in servers] == [
+        ("gpu-1-a", "10.0.0.1", 8000), ("gpu-1-b", "10.0.0.1", 8001), ("gpu-2-main", "gpu-2.lan", 8000),
+        ("gpu-3-main", "gpu-3", 8000)]
+    assert fleet_address("gpu-2", hostvars) == "gpu-2.lan"
+    hostvars["gpu-1"]["vllm_instances"] = [{"name": "a"}]
+    with pytest.raises(AnsibleFilterError, match=r"host gpu-1: vllm_instances\[0\] must be a dict with name and port"):
+        fleet_servers(["gpu-1"], hostvars, [])
