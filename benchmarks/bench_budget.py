@@ -19,6 +19,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
 import vllm_sizing as vs  # noqa: E402
+import vllm_fleet_sizing as sz  # noqa: E402  (the package vllm_sizing loads)
 
 LOGS = os.path.join(ROOT, "tests", "fixtures", "startup-logs")
 # Checkpoints with the same config.json shapes as a catalog entry (instruct and base builds, Qwen2 = Qwen2.5 7B).
@@ -37,7 +38,7 @@ def version_row(version):
     if not version:
         return None
     key = tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
-    rows = sorted(vs.VERSIONS, key=lambda v: tuple(int(p) for p in v.split(".")))
+    rows = sorted(sz.versions.VERSIONS, key=lambda v: tuple(int(p) for p in v.split(".")))
     older = [r for r in rows if tuple(int(p) for p in r.split(".")) <= key]
     return older[-1] if older else rows[0]
 
@@ -53,7 +54,7 @@ def gpu_of(log):
 def predict(log):
     """(plan, why not) for one log: the plan vllm_sizing makes for its settings."""
     model = ALIASES.get(log["model"], log["model"])
-    if model not in vs._catalog():
+    if model not in sz.shape._catalog():
         return None, "model not in the catalog"
     spec = gpu_of(log)
     if log["parsed"].get("kv_available_gib") is None or spec is None or log.get("gpu_memory_utilization") is None:
@@ -97,7 +98,7 @@ def corpus():
         if plan is None:
             skipped.append((ident, why))
             continue
-        printed = log["parsed"]["kv_available_gib"] * vs.GiB
+        printed = log["parsed"]["kv_available_gib"] * sz.common.GiB
         rows.append((ident, log, plan, (plan["budget_per_gpu"]["kv_cache_bytes"] - printed) / printed * 100))
     return rows, skipped
 
@@ -105,15 +106,16 @@ def corpus():
 def main():
     rows, skipped = corpus()
     parts = (("weights", "weights_bytes", "weights_gib"), ("activation", "activation_peak_bytes",
-                                                             "activation_peak_gib"),
+                                                           "activation_peak_gib"),
              ("non-torch", "non_torch_bytes", "non_torch_gib"))
     print("%-50s %9s %9s %7s  %s" % ("log", "predicted", "printed", "error", "weights / activation / non-torch "
-                                                                          "(predicted/printed GiB)"))
+                                     "(predicted/printed GiB)"))
     for ident, log, plan, error in rows:
         budget = plan["budget_per_gpu"]
-        detail = "  ".join("%.2f/%s" % (budget[key] / vs.GiB, log["parsed"].get(printed)) for _, key, printed in parts)
+        detail = "  ".join("%.2f/%s" % (budget[key] / sz.common.GiB,
+                           log["parsed"].get(printed)) for _, key, printed in parts)
         print("%-50s %7.2f G %7.2f G %+6.1f%%  %s%s" % (
-            ident[:50], budget["kv_cache_bytes"] / vs.GiB, log["parsed"]["kv_available_gib"], error, detail,
+            ident[:50], budget["kv_cache_bytes"] / sz.common.GiB, log["parsed"]["kv_available_gib"], error, detail,
             "  <-- outside bounds" if error > OVER or abs(error) > OFF else ""))
     errors = [row[3] for row in rows]
     if errors:

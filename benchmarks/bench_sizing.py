@@ -15,7 +15,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "filter_plugins"))
+from ansible.errors import AnsibleFilterError  # noqa: E402
 import vllm_sizing as vs  # noqa: E402
+import vllm_fleet_sizing as sz  # noqa: E402  (the package vllm_sizing loads)
 
 GPUS = [("NVIDIA A10G", 23028, "8.6"), ("NVIDIA L4", 23034, "8.9"), ("NVIDIA L40S", 46068, "8.9"),
         ("NVIDIA A100-SXM4-40GB", 40960, "8.0"), ("NVIDIA A100-SXM4-80GB", 81920, "8.0"),
@@ -30,7 +32,7 @@ POLICIES = ({}, {"gpu_sharing": "shared"}, {"runtime_ooms": True}, {"vllm_versio
 
 
 def combinations(count):
-    models = [vs.vllm_model(name) for name in sorted(vs._catalog())]
+    models = [vs.vllm_model(name) for name in sorted(sz.shape._catalog())]
     hosts = [[{"index": i, "name": name, "memory_total_mib": mib, "compute_capability": cc} for i in range(n)]
              for (name, mib, cc), n in itertools.product(GPUS, COUNTS)]
     every = itertools.cycle(itertools.product(hosts, models, WORKLOADS, POLICIES))
@@ -48,7 +50,7 @@ def main():
         t0 = time.perf_counter()
         try:
             fits += vs.vllm_sizing(gpus, model, workload, dict(policy, strict=False))["fits"]
-        except vs.AnsibleFilterError:
+        except AnsibleFilterError:
             errors += 1  # impossible requests (e.g. p99 beyond the model's context)
         timings.append(time.perf_counter() - t0)
     total = time.perf_counter() - started

@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import vllm_sizing as vs  # noqa: E402
+import vllm_fleet_sizing as sz  # noqa: E402  (the package vllm_sizing loads)
 from check_controller_vllm import free_port, stop  # noqa: E402
 
 pytestmark = pytest.mark.oracle
@@ -65,7 +66,7 @@ SHAPES = {
                "Gemma 3 pattern (types derived from sliding_window_pattern), 5 sliding + 2 full: padded groups"),
     "layer-types": (["--model-type", "llama", "--set", "num_hidden_layers=4", "--set", "sliding_window=256",
                      "--set", 'layer_types=["sliding_attention","full_attention","sliding_attention",'
-                                          '"sliding_attention"]',
+                     '"sliding_attention"]',
                      "--set", "max_position_embeddings=65536"], (), "explicit mixed layer_types"),
     "mla": (["--model-type", "deepseek_v2", "--set", "num_hidden_layers=2", "--set", "kv_lora_rank=64",
              "--set", "qk_rope_head_dim=32", "--set", "qk_nope_head_dim=32", "--set", "v_head_dim=32",
@@ -189,9 +190,9 @@ def _serve(model_dir, memory, extra, log_path):
 
 
 def _layout(config, settings, kv_cache_dtype):
-    return vs._layout(vs._model_shape(config), 1, 1, kv_cache_dtype, settings["block_size"],
-                      settings["max_num_batched_tokens"], settings["async_scheduling"], VERSION,
-                      vs._device("cpu", cpu_flags=CPU_FLAGS))
+    return sz.kv.kv_layout(sz.shape.model_shape(config), 1, 1, kv_cache_dtype, settings["block_size"],
+                           settings["max_num_batched_tokens"], settings["async_scheduling"], VERSION,
+                           sz.kv.device_facts("cpu", cpu_flags=CPU_FLAGS))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -203,15 +204,15 @@ def test_filters_match_vllm(case, setup, record_property):
         config = json.load(handle)  # what from_json gives on the real config.json
     kv_dtype = extra[extra.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in extra else "auto"
     requested_block = _engine_args(case, dirs[shape]).get("block_size")
-    memory_bytes = memory if memory is not None else vs.GiB
+    memory_bytes = memory if memory is not None else sz.common.GiB
     options = {"block_size": requested_block, "max_num_batched_tokens": settings["max_num_batched_tokens"],
                "async_scheduling": settings["async_scheduling"], "vllm_version": VERSION, "device": "cpu",
                "kv_cache_dtype": kv_dtype, "cpu_flags": CPU_FLAGS}
 
     # The block size the filter resolves from this CPU's flags is the one vLLM resolved here.
-    defaults = vs._layout(vs._model_shape(config), 1, 1, kv_dtype, requested_block, None, None, VERSION,
-                          vs._device("cpu", cpu_flags=CPU_FLAGS))
-    amx = "AMX" if vs.AMX_FLAG in CPU_FLAGS else "no AMX"
+    defaults = sz.kv.kv_layout(sz.shape.model_shape(config), 1, 1, kv_dtype, requested_block, None, None, VERSION,
+                               sz.kv.device_facts("cpu", cpu_flags=CPU_FLAGS))
+    amx = "AMX" if sz.versions.AMX_FLAG in CPU_FLAGS else "no AMX"
     assert defaults["block_size"] == settings["block_size"], (defaults["attention"], amx)
     assert settings["async_scheduling"] is False
 
@@ -223,12 +224,12 @@ def test_filters_match_vllm(case, setup, record_property):
     ours_estimate = vs.vllm_max_model_len(config, memory_bytes, max_model_len=MAX_LEN, **options)
     lay = _layout(config, settings, kv_dtype)
     record_property("vllm", (check or capacity).group(0) if (check or capacity) else tail[-500:])
-    record_property("filters", {"block_size": settings["block_size"], "needed": vs._format_gib(ours_needed),
+    record_property("filters", {"block_size": settings["block_size"], "needed": sz.common.format_gib(ours_needed),
                                 "estimate": ours_estimate})
 
     if expect_start:
         assert capacity, "vLLM did not report its KV cache size:\n" + tail
-        ours = vs._capacity(lay, memory_bytes, MAX_LEN)
+        ours = sz.kv.kv_capacity(lay, memory_bytes, MAX_LEN)
         assert int(capacity.group(1).replace(",", "")) == ours["tokens"]
         assert float(capacity.group(3)) == round(ours["concurrency"], 2)
         assert vs.vllm_max_model_len(config, memory_bytes, max_model_len=MAX_LEN, **options) == MAX_LEN
@@ -236,8 +237,8 @@ def test_filters_match_vllm(case, setup, record_property):
     assert check, "vLLM did not fail its KV cache check:\n" + tail
     printed_len, printed_needed, printed_available, printed_estimate = check.groups()
     assert int(printed_len) == MAX_LEN
-    assert printed_needed == vs._format_gib(ours_needed)
-    assert printed_available == vs._format_gib(vs._check_memory(lay, lay["stages"][0], memory_bytes))
+    assert printed_needed == sz.common.format_gib(ours_needed)
+    assert printed_available == sz.common.format_gib(sz.kv.check_memory(lay, lay["stages"][0], memory_bytes))
     assert int(printed_estimate or 0) == ours_estimate
 
 

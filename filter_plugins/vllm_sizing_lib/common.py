@@ -1,0 +1,46 @@
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Shared helpers of the sizing package: byte units, the error every input problem raises, integer and dict
+checks, integer division as vLLM rounds.
+"""
+
+
+from ansible.errors import AnsibleFilterError
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def fail(msg):
+    raise AnsibleFilterError(msg)
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def gib(n):
+    return "%.2f GiB" % (n / GiB)
+
+
+def format_gib(n, fixed=None):
+    """GiB as vLLM prints them: format_gib's round(bytes / GiB, 2) (5.625 -> 5.62, 2 -> 2.0), or a fixed format."""
+    return fixed % (n / GiB) if fixed else "%s" % round(n / GiB, 2)
+
+
+def as_int(value, field, minimum=1, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        fail("%s must be an integer, got %r" % (field, value))
+    if value < minimum:
+        fail("%s must be at least %d, got %d" % (field, minimum, value))
+    return value
+
+
+def as_dict(value, field):
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        fail("%s must be a dict, got %s" % (field, type(value).__name__))
+    return value

@@ -1,0 +1,183 @@
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The command line: the only place vLLM flags are spelled (FLAGS), the serving options a plan takes, and the
+`vllm serve` arguments of a plan.
+"""
+
+import json
+
+from .common import as_dict, as_int, fail
+from .shape import DTYPES
+from .versions import VERSIONS, resolve_version
+
+# Engine arguments whose values the plan decides; `serve` may repeat them but not change them.
+SIZING_ARGS = (
+    "model", "gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+    "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size", "enforce_eager", "block_size",
+    "disable_custom_all_reduce",
+)
+# Where an operator sets a sizing argument, when it is not the policy key of the same name.
+SIZING_POLICY = {"model": "policy.model (the role: vllm_model or vllm_model_dir)",
+                 "disable_custom_all_reduce": "policy.expandable_segments (it sets this flag with TP/PP > 1)"}
+
+# The only place vLLM flags are spelled. kind: value (one argument), list (nargs+), json (a dict as
+# JSON), bool (bare flag when true). `false` spells the negative form per version, only for booleans
+# whose default is on; other false booleans are defaults and are left out.
+FLAGS = {
+    "model": {"flag": "--model", "kind": "value"},
+    "host": {"flag": "--host", "kind": "value"},
+    "port": {"flag": "--port", "kind": "value"},
+    "served_model_name": {"flag": "--served-model-name", "kind": "list"},
+    "tensor_parallel_size": {"flag": "--tensor-parallel-size", "kind": "value"},
+    "pipeline_parallel_size": {"flag": "--pipeline-parallel-size", "kind": "value"},
+    "gpu_memory_utilization": {"flag": "--gpu-memory-utilization", "kind": "value"},
+    "max_model_len": {"flag": "--max-model-len", "kind": "value"},
+    "max_num_seqs": {"flag": "--max-num-seqs", "kind": "value"},
+    "max_num_batched_tokens": {"flag": "--max-num-batched-tokens", "kind": "value"},
+    "kv_cache_dtype": {"flag": "--kv-cache-dtype", "kind": "value"},
+    "block_size": {"flag": "--block-size", "kind": "value"},
+    "kv_cache_memory_bytes": {"flag": "--kv-cache-memory-bytes", "kind": "value"},
+    "num_gpu_blocks_override": {"flag": "--num-gpu-blocks-override", "kind": "value"},
+    "swap_space": {"flag": "--swap-space", "kind": "value"},
+    "cpu_offload_gb": {"flag": "--cpu-offload-gb", "kind": "value"},
+    "enforce_eager": {"flag": "--enforce-eager", "kind": "bool"},
+    "disable_custom_all_reduce": {"flag": "--disable-custom-all-reduce", "kind": "bool"},
+    "enable_prefix_caching": {
+        "flag": "--enable-prefix-caching", "kind": "bool",
+        "false": {"0.19.0": "--no-enable-prefix-caching", "0.32.0": "--no-enable-prefix-caching",
+                  "0.34.0": "--disable-prefix-caching"}},
+    "enable_chunked_prefill": {
+        "flag": "--enable-chunked-prefill", "kind": "bool",
+        "false": {"0.19.0": "--no-enable-chunked-prefill", "0.32.0": "--no-enable-chunked-prefill",
+                  "0.34.0": "--disable-chunked-prefill"}},
+    "async_scheduling": {"flag": "--async-scheduling", "kind": "bool",
+                         "false": {"0.19.0": "--no-async-scheduling", "0.32.0": "--no-async-scheduling",
+                                   "0.34.0": "--no-async-scheduling"}},
+    "shutdown_timeout": {"flag": "--shutdown-timeout", "kind": "value"},
+    "enable_lora": {"flag": "--enable-lora", "kind": "bool"},
+    "max_loras": {"flag": "--max-loras", "kind": "value"},
+    "max_lora_rank": {"flag": "--max-lora-rank", "kind": "value"},
+    "max_cpu_loras": {"flag": "--max-cpu-loras", "kind": "value"},
+    "enable_sleep_mode": {"flag": "--enable-sleep-mode", "kind": "bool"},
+    "quantization": {"flag": "--quantization", "kind": "value"},
+    "dtype": {"flag": "--dtype", "kind": "value"},
+    "seed": {"flag": "--seed", "kind": "value"},
+    "trust_remote_code": {"flag": "--trust-remote-code", "kind": "bool"},
+    "download_dir": {"flag": "--download-dir", "kind": "value"},
+    "tokenizer": {"flag": "--tokenizer", "kind": "value"},
+    "revision": {"flag": "--revision", "kind": "value"},
+    "generation_config": {"flag": "--generation-config", "kind": "value"},
+    "chat_template": {"flag": "--chat-template", "kind": "value"},
+    "enable_auto_tool_choice": {"flag": "--enable-auto-tool-choice", "kind": "bool"},
+    "tool_call_parser": {"flag": "--tool-call-parser", "kind": "value"},
+    "reasoning_parser": {"flag": "--reasoning-parser", "kind": "value"},
+    "compilation_config": {"flag": "--compilation-config", "kind": "json"},
+    "disable_log_stats": {"flag": "--disable-log-stats", "kind": "bool"},
+    "max_log_len": {"flag": "--max-log-len", "kind": "value"},
+    "uvicorn_log_level": {"flag": "--uvicorn-log-level", "kind": "value"},
+}
+
+
+def available_flags(version):
+    """The flags of FLAGS that vLLM `version` has: all but those only some releases have (versioned_flags in
+    VERSIONS), plus its own."""
+    versioned = frozenset().union(*(row["versioned_flags"] for row in VERSIONS.values()))
+    return (frozenset(FLAGS) - versioned) | VERSIONS[version]["versioned_flags"]
+
+
+def vllm_serve_args(plan, serve=None):
+    """The `vllm serve` / api_server arguments for a plan plus serving options, flags spelled per version."""
+    plan = as_dict(plan, "plan")
+    serve = as_dict(serve, "serve")
+    if not isinstance(plan.get("engine_args"), dict):
+        fail("plan.engine_args is missing: pass the dict vllm_sizing returned")
+    version = resolve_version(plan.get("vllm_version"))
+    available = available_flags(version)
+    args = dict(plan["engine_args"])
+    for key, value in serve.items():
+        if key == "api_key":
+            fail("serve.api_key: the API key is never put on the command line (it shows in ps); "
+                 "set VLLM_API_KEY in the service environment instead")
+        if args.get(key) is not None and value != args[key]:
+            fail("serve.%s=%r conflicts with the plan's %r: change the sizing policy (or policy.serve_options) "
+                 "instead" % (key, value, args[key]))
+        args[key] = value
+    if args.get("model") is None:
+        fail("plan.engine_args.model is empty: give the model as policy.model (or model._name) when sizing")
+    out = []
+    for key in ["model"] + sorted(k for k in args if k != "model"):
+        value = args[key]
+        if key not in FLAGS:
+            fail("serve.%s is not an engine argument this filter knows (known: %s)" % (key, ", ".join(sorted(FLAGS))))
+        spec = FLAGS[key]
+        if key not in available:
+            fail("%s (%s) does not exist in vLLM %s: passing it fails argument parsing"
+                 % (spec["flag"], key, version))
+        if value is None:
+            continue
+        out.extend(_render(key, spec, value, version, "serve." + key))
+    return out
+
+
+def _render(key, spec, value, version, field):
+    """The words of one flag; field names the input in errors."""
+    kind = spec["kind"]
+    if kind == "bool":
+        if not isinstance(value, bool):
+            fail("%s must be true or false, got %r" % (field, value))
+        if value:
+            return [spec["flag"]]
+        negative = spec.get("false", {}).get(version)
+        return [negative] if negative else []
+    if isinstance(value, bool):
+        fail("%s takes a value, not %r" % (field, value))
+    if kind == "list":
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in values):
+            fail("%s must be a string or a list of strings, got %r" % (field, value))
+        words = [str(v) for v in values]
+    elif kind == "json":
+        if not isinstance(value, dict):
+            fail("%s must be a dict, got %r" % (field, value))
+        words = [json.dumps(value, sort_keys=True, separators=(",", ":"))]
+    elif not isinstance(value, (str, int, float)):
+        fail("%s must be a string or a number, got %r" % (field, value))
+    else:
+        words = [str(value)]
+    for word in words:
+        # A newline or other control character would end the unit's ExecStart line and start another.
+        if not word or word.startswith("--") or any(ord(c) < 32 or ord(c) == 127 for c in word):
+            fail("%s: %r is not a value vLLM can take (empty, a flag, or a control character)" % (field, word))
+    return [spec["flag"]] + words
+
+
+def parse_serve_options(options, version):
+    """policy.serve_options validated at the door: flags of the table that the planned version has, with values
+    of the right kind. Sizing arguments are the plan's to decide, the API key never goes on a command line."""
+    options = as_dict(options, "policy.serve_options")
+    available = available_flags(version)
+    out = {}
+    for key in sorted(options):
+        value, field = options[key], "policy.serve_options.%s" % key
+        if key == "api_key":
+            fail("%s: the API key is never put on the command line (it shows in ps); set VLLM_API_KEY in the "
+                 "service environment instead (the vllm role's vllm_api_key)" % field)
+        if key not in FLAGS:
+            fail("%s is not an engine argument this filter knows (known: %s)"
+                 % (field, ", ".join(sorted(set(FLAGS) - set(SIZING_ARGS)))))
+        if key in SIZING_ARGS:
+            fail("%s is decided by the plan: set %s instead" % (field, SIZING_POLICY.get(key, "policy." + key)))
+        if key not in available:
+            fail("%s: %s does not exist in vLLM %s (passing it fails argument parsing)"
+                 % (field, FLAGS[key]["flag"], version))
+        if value is None:
+            continue
+        _render(key, FLAGS[key], value, version, field)
+        if key == "dtype" and value not in DTYPES:
+            fail("%s must be one of %s, got %r" % (field, ", ".join(DTYPES), value))
+        if key in ("kv_cache_memory_bytes", "num_gpu_blocks_override"):
+            as_int(value, field)
+        if key == "cpu_offload_gb" and (isinstance(value, str) or value < 0):
+            fail("%s must be a number of GiB, at least 0, got %r" % (field, value))
+        out[key] = value
+    return out

@@ -1,0 +1,314 @@
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The plan: vllm_sizing tries the configurations an operator would (shorter max_model_len, fp8 KV cache, fewer
+sequences, more tensor parallelism) and says what it applied, what it warns about and, when nothing fits, why.
+"""
+
+from .budget import choose_utilization, default_batch, gpu_group, memory_budget
+from .common import as_dict, as_int, fail, gib
+from .flags import parse_serve_options
+from .kv import KV_DTYPE_BYTES, check_message, fitting_max_len, kv_capacity, kv_layout, request_bytes, startup_check
+from .shape import model_shape
+from .versions import VERSIONS, resolve_version
+from .weights import gpu_weight_bytes, module_tensors, parse_quantization
+
+LENGTH_STEP = 1024  # a shortened max_model_len is rounded down to a multiple of this
+
+
+def _tp_candidates(shape, start, count, allow_more):
+    """Tensor parallel sizes to try: the start, then powers of two up to the group's GPUs (vLLM needs them to
+    divide the attention heads)."""
+    larger = [t for t in (2, 4, 8, 16, 32, 64) if start < t <= count and shape["heads"] % t == 0]
+    return [start] + (larger if allow_more else [])
+
+
+def _attempt(ctx, tp, kv_dtype, seqs):
+    """Size one configuration; returns the facts about it (fits or not, and why)."""
+    lay = kv_layout(ctx["shape"], tp, ctx["pp"], kv_dtype, ctx["block_size"], ctx["batched"], None, ctx["version"],
+                    ctx["device"])
+    budget = memory_budget(lay, ctx, seqs)
+    kv = budget["kv_cache_bytes"]
+    fit_len = fitting_max_len(lay, kv, ctx["target_len"])
+    length = fit_len
+    if fit_len < ctx["target_len"]:
+        # Shrunk: stay a little below the longest that fits, on a round number.
+        length = max(ctx["floor_len"], fit_len // LENGTH_STEP * LENGTH_STEP)
+    if fit_len < ctx["floor_len"]:
+        length = None
+    result = {"tp": tp, "kv_dtype": kv_dtype, "lay": lay, "budget": budget, "fit_len": fit_len,
+              "max_model_len": length, "max_num_seqs": seqs}
+    if length is None:
+        return result
+    result["capacity"] = kv_capacity(lay, kv, length)
+    if ctx["peak"]:
+        held = kv_capacity(lay, kv, ctx["p99"] or length)
+        # The null block is never handed out; the rest must hold the peak at p99 context.
+        result["seqs_that_fit"] = (held["num_blocks"] - 1) // held["blocks_per_request"]
+    return result
+
+
+def _fits_workload(result, ctx):
+    return result["max_model_len"] is not None and result.get("seqs_that_fit", ctx["peak"] or 0) >= (ctx["peak"] or 0)
+
+
+def vllm_sizing(gpus, model, workload=None, policy=None):
+    """The vLLM plan for one host or GPU group: engine arguments, environment, memory budget, fit."""
+    workload = as_dict(workload, "workload")
+    policy = as_dict(policy, "policy")
+    version = resolve_version(policy.get("vllm_version"))
+    row = VERSIONS[version]
+    serve = parse_serve_options(policy.get("serve_options"), version)
+    shape = model_shape(model, serve.get("dtype"), serve.get("quantization"))
+    host = policy.get("host")
+    where = ("host %s: " % host) if host else ""
+    name = str(policy.get("model") or shape["name"])  # for messages; the model may have no name
+    applied, warnings = [], []
+    gpu_name, gpu_count, usable, capability, gpu_warnings = gpu_group(gpus, policy)
+    warnings.extend(gpu_warnings)
+
+    p99 = as_int(workload.get("p99_context"), "workload.p99_context", allow_none=True)
+    peak = as_int(workload.get("peak_concurrency"), "workload.peak_concurrency", allow_none=True)
+    model_max = shape["max_len"]
+    if p99 and p99 > model_max:
+        fail("%s%s: workload.p99_context %d is longer than the model's maximum context %d "
+             "(max_position_embeddings); no setting serves it" % (where, name, p99, model_max))
+    target = policy.get("max_model_len") or workload.get("max_context") or p99 or model_max
+    target = as_int(target, "policy.max_model_len" if policy.get("max_model_len") else "workload.max_context")
+    if p99 and target < p99:
+        fail("%s%s: max_model_len %d is shorter than workload.p99_context %d: requests that long would be "
+             "rejected" % (where, name, target, p99))
+    if target > model_max:
+        applied.append("max_model_len capped at the model's maximum context %d (asked %d)" % (model_max, target))
+        target = model_max
+    if p99:
+        applied.append("max_model_len sized to the workload (p99 context %d), not the model's maximum %d"
+                       % (p99, model_max) if target == p99 else
+                       "max_model_len target %d, may shrink down to the workload's p99 context %d" % (target, p99))
+    floor = min(target, p99 or as_int(policy.get("min_model_len", 4096), "policy.min_model_len"))
+
+    utilization = choose_utilization(policy, applied)
+    enforce_eager = policy.get("enforce_eager")
+    if enforce_eager is None:
+        enforce_eager = bool(policy.get("runtime_ooms"))
+        if enforce_eager:
+            applied.append("enforce_eager: CUDA graphs off after runtime OOMs (frees their memory)")
+    default_batched, default_seqs = default_batch(row, usable, gpu_name)
+    batched = as_int(policy.get("max_num_batched_tokens", default_batched), "policy.max_num_batched_tokens")
+    seqs = as_int(peak or policy.get("max_num_seqs") or default_seqs, "policy.max_num_seqs")
+    if batched < seqs:
+        applied.append("max_num_batched_tokens raised to max_num_seqs %d (vLLM requires at least that)" % seqs)
+        batched = seqs
+    kv_dtype = policy.get("kv_cache_dtype", "auto")
+    if kv_dtype not in KV_DTYPE_BYTES:
+        fail("policy.kv_cache_dtype %r is not supported (supported: %s)" % (kv_dtype, ", ".join(KV_DTYPE_BYTES)))
+    allow_fp8 = policy.get("allow_fp8_kv_cache", True) and capability >= (8, 0)
+    tp_start = as_int(policy.get("tensor_parallel_size", 1), "policy.tensor_parallel_size")
+    pp = as_int(policy.get("pipeline_parallel_size", 1), "policy.pipeline_parallel_size")
+    if shape["heads"] % tp_start:
+        fail("%s%s: policy.tensor_parallel_size %d does not divide the model's %d attention heads"
+             % (where, name, tp_start, shape["heads"]))
+    if tp_start * pp > gpu_count:
+        fail("%s%s: tensor_parallel_size %d x pipeline_parallel_size %d needs %d GPUs, the group has %d (%s)"
+             % (where, name, tp_start, pp, tp_start * pp, gpu_count, gpu_name))
+    ctx = {"shape": shape, "name": name, "host": host, "gpu_name": gpu_name, "gpu_count": gpu_count,
+           "applied": applied, "warnings": warnings, "version": version, "pp": pp,
+           "block_size": policy.get("block_size"), "batched": batched,
+           "usable": usable, "utilization": utilization, "enforce_eager": enforce_eager, "policy": policy,
+           "extensible": row["extensible_kv_cache"], "target_len": target, "floor_len": floor,
+           "p99": p99, "peak": peak, "serve": serve,
+           "device": {"type": "cuda", "capability": capability, "cpu_flags": None},
+           "min_seqs": as_int(policy.get("min_num_seqs", max(1, (peak or 0) // 2)), "policy.min_num_seqs")}
+
+    # Fallbacks in order: shorter max_model_len (inside _attempt), fp8 KV cache, fewer max_num_seqs,
+    # more tensor parallelism. Quantized weights can only be suggested.
+    tried, chosen = [], None
+    tp_candidates = _tp_candidates(shape, tp_start, gpu_count // pp, policy.get("allow_tensor_parallel", True))
+    for tp in tp_candidates:
+        dtypes = [kv_dtype] + (["fp8"] if allow_fp8 and KV_DTYPE_BYTES[kv_dtype] != 1 else [])
+        results = [_attempt(ctx, tp, d, seqs) for d in dtypes]
+        tried.extend(results)
+        chosen = next((r for r in results if _fits_workload(r, ctx)), None) or _fewer_seqs(results[-1], ctx, tp)
+        if chosen is not None:
+            break
+    if chosen is not None and peak and chosen["max_num_seqs"] < peak:
+        warnings.append(_peak_hint(ctx, chosen, tp_candidates[tp_candidates.index(chosen["tp"]) + 1:]))
+    plan = _plan(ctx, chosen or tried[-1], chosen is not None, tried)
+    if not plan["fits"] and policy.get("strict", True):
+        fail("vllm_sizing: %s%s" % (where, plan["reason"]))
+    return plan
+
+
+def _fewer_seqs(result, ctx, tp):
+    """Lower max_num_seqs to what the KV cache holds at p99, if the policy's floor allows."""
+    if result["max_model_len"] is None or "seqs_that_fit" not in result:
+        return None
+    for _ in range(3):  # fewer sequences shrink the sampler's share, which frees a little KV memory
+        seqs = result["seqs_that_fit"]
+        if seqs < ctx["min_seqs"]:
+            return None
+        result = _attempt(ctx, tp, result["kv_dtype"], seqs)
+        if result["max_model_len"] is not None and result.get("seqs_that_fit", 0) >= seqs:
+            result["max_num_seqs"] = seqs
+            return result
+    return None
+
+
+def _peak_hint(ctx, chosen, larger_tp):
+    """What would serve the whole peak when max_num_seqs had to be lowered."""
+    for tp in larger_tp:
+        result = _attempt(ctx, tp, chosen["kv_dtype"], ctx["peak"])
+        if _fits_workload(result, ctx):
+            return ("requests beyond %d concurrent sequences wait in the queue; tensor_parallel_size %d would serve "
+                    "the peak of %d (raise policy.min_num_seqs to make the plan use it)"
+                    % (chosen["max_num_seqs"], tp, ctx["peak"]))
+    return ("requests beyond %d concurrent sequences wait in the queue; serving the peak of %d needs more GPUs "
+            "or a quantized checkpoint" % (chosen["max_num_seqs"], ctx["peak"]))
+
+
+def _plan(ctx, result, fits, tried):
+    lay, budget = result["lay"], result["budget"]
+    shape, name, applied, warnings = ctx["shape"], ctx["name"], ctx["applied"], ctx["warnings"]
+    row, tp, pp = lay["row"], result["tp"], ctx["pp"]
+    length = result["max_model_len"] or ctx["floor_len"]
+    if result["max_model_len"] is not None and length < ctx["target_len"]:
+        applied.append("max_model_len %d: %d does not fit, %d is the longest that does (rounded down; floor %d)"
+                       % (length, ctx["target_len"], result["fit_len"], ctx["floor_len"]))
+    if result["kv_dtype"] != (ctx["policy"].get("kv_cache_dtype") or "auto"):
+        applied.append("kv_cache_dtype fp8: halves KV bytes per token (the model's dtype did not fit)")
+    if result["kv_dtype"].startswith("fp8"):
+        warnings.append("fp8 KV cache: a small quality cost; check your evaluations")
+    if ctx["peak"] and result["max_num_seqs"] < ctx["peak"]:
+        applied.append("max_num_seqs %d (peak concurrency %d does not fit at context %d; floor %d)"
+                       % (result["max_num_seqs"], ctx["peak"], ctx["p99"] or length, ctx["min_seqs"]))
+    start_tp = tried[0]["tp"]
+    if tp > start_tp:
+        applied.append("tensor_parallel_size %d: splits the weights over %d GPUs to make room for KV cache"
+                       % (tp, tp))
+    engine_args = {
+        "model": _model_arg(ctx),
+        "gpu_memory_utilization": ctx["utilization"], "max_model_len": length,
+        "max_num_seqs": result["max_num_seqs"], "max_num_batched_tokens": ctx["batched"],
+        "kv_cache_dtype": result["kv_dtype"], "tensor_parallel_size": tp, "enforce_eager": ctx["enforce_eager"],
+    }
+    if pp > 1:
+        engine_args["pipeline_parallel_size"] = pp
+    # Always explicit: the plan's arithmetic and the server then use the same block size by construction.
+    engine_args["block_size"] = lay["block_size"]
+    attention = lay["attention"]
+    applied.append("block_size %d: %s" % (lay["block_size"], (
+        "as set in the policy" if ctx["block_size"] is not None else
+        "what vLLM %s gives %s on compute capability %s" % (
+            ctx["version"], attention["backend"], ".".join(str(x) for x in ctx["device"]["capability"])))))
+    if attention["precluded"]:
+        warnings.append("block_size %d rules out vLLM's preferred attention backend %s: it uses %s instead, "
+                        "which may be slower" % (lay["block_size"], ", ".join(attention["precluded"]),
+                                                 attention["backend"]))
+    engine_args.update(ctx["serve"])
+    _serve_warnings(ctx, budget, warnings)
+    env = {}
+    if ctx["policy"].get("expandable_segments", True):
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        applied.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against allocator fragmentation")
+        if tp * pp > 1:
+            engine_args["disable_custom_all_reduce"] = True
+            warnings.append("expandable_segments with tensor parallelism can crash vLLM's custom all-reduce at "
+                            "start-up (vLLM #42609, #49101, #56180): disable_custom_all_reduce is set")
+    if shape["weight_bytes"][1] != "given":
+        warnings.append("weights %s: %s" % (shape["weight_bytes"][1], gib(shape["weight_bytes"][0])))
+    applied.append("explicit gpu_memory_utilization: vLLM %s would default to %s" % (ctx["version"], (
+        "1.0 (extensible KV cache; it logs a warning for values below 1.0, the headroom stays for prefill spikes "
+        "and other processes)") if row["extensible_kv_cache"] else row["utilization"]))
+    capacity = result.get("capacity") or {"tokens": 0, "concurrency": 0.0}
+    plan = {
+        "fits": fits, "reason": "", "vllm_version": ctx["version"], "host": ctx["host"], "model": _model_arg(ctx),
+        "gpus": {"name": ctx["gpu_name"], "count": ctx["gpu_count"], "used": tp * pp},
+        "engine_args": engine_args, "env": env, "budget_per_gpu": budget,
+        "block_size": lay["block_size"], "attention_backend": lay["attention"]["backend"],
+        "kv_cache_tokens": capacity["tokens"],
+        "concurrency_at_max_model_len": round(capacity["concurrency"], 2),
+        "kv_bytes_per_request": request_bytes(lay, length),
+        "applied": applied, "warnings": warnings,
+    }
+    if fits:
+        plan["reason"] = ("%s fits on %d x %s: %s of KV cache per GPU holds %d tokens, %.2f requests at "
+                          "max_model_len %d" % (name, tp * pp, ctx["gpu_name"], gib(budget["kv_cache_bytes"]),
+                                                capacity["tokens"], capacity["concurrency"], length))
+    else:
+        plan["reason"] = _misfit_reason(ctx, result, tried)
+    return plan
+
+
+def _serve_warnings(ctx, budget, warnings):
+    """What the serving options change in the budget, said where the plan cannot check it."""
+    serve = ctx["serve"]
+    if serve.get("quantization") and ctx["shape"]["quantization"] is None:
+        warnings.append("quantization %s of an unquantized checkpoint: the budget counts the checkpoint's weights "
+                        "(%s per GPU), so the KV cache vLLM gets will be larger than planned"
+                        % (serve["quantization"], gib(budget["weights_bytes"])))
+    if "kv_cache_memory_bytes" in serve or "num_gpu_blocks_override" in serve:
+        outside = (budget["usable_bytes"] - budget["weights_bytes"] - budget["activation_peak_bytes"]
+                   - budget["cuda_graph_bytes"] - budget["non_torch_bytes"])
+        if budget["kv_cache_bytes"] > outside:
+            warnings.append("the KV cache pinned by serve_options (%s) is more than the %s left beside weights, "
+                            "activations, CUDA graphs and non-torch memory: expect CUDA OOM at start or under load"
+                            % (gib(budget["kv_cache_bytes"]), gib(outside)))
+
+
+def _model_arg(ctx):
+    """What --model gets: policy.model, else the config's _name / _name_or_path (None: serve_args refuses)."""
+    return ctx["policy"].get("model") or ctx["shape"]["model_arg"]
+
+
+def _misfit_reason(ctx, result, tried):
+    """Why nothing fits, with vLLM's own message for the last configuration tried."""
+    lay, budget = result["lay"], result["budget"]
+    parts = ["%s does not fit on %d x %s (%s usable each, vLLM %s)" % (
+        ctx["name"], ctx["gpu_count"], ctx["gpu_name"], gib(ctx["usable"]), ctx["version"])]
+    parts.append("last tried tensor_parallel_size %d, kv_cache_dtype %s, gpu_memory_utilization %.2f: %s requested "
+                 "per GPU = weights %s + activation peak %s + CUDA graphs %s + non-torch %s, leaving %s for KV cache"
+                 % (result["tp"], result["kv_dtype"], ctx["utilization"], gib(budget["requested_bytes"]),
+                    gib(budget["weights_bytes"]), gib(budget["activation_peak_bytes"]),
+                    gib(budget["cuda_graph_bytes"]), gib(budget["non_torch_bytes"]), gib(budget["kv_cache_bytes"])))
+    if result["max_model_len"] is None:
+        failed = startup_check(lay, budget["kv_cache_bytes"], ctx["floor_len"])
+        if failed["available"] <= 0:
+            parts.append("nothing is left for the KV cache (vLLM: \"No available memory for the cache blocks\")")
+        else:
+            parts.append("even at max_model_len %d vLLM would stop with: %s"
+                         % (ctx["floor_len"], check_message(lay, ctx["floor_len"], failed)))
+    elif ctx["peak"]:
+        parts.append("at context %d the KV cache holds %d sequences, the workload peaks at %d and "
+                     "max_num_seqs may not go below %d (policy.min_num_seqs)"
+                     % (ctx["p99"] or result["max_model_len"], result.get("seqs_that_fit", 0), ctx["peak"],
+                        ctx["min_seqs"]))
+    parts.append("tried: " + ", ".join("TP %d %s -> %s" % (r["tp"], r["kv_dtype"], (
+        "max_model_len %d" % r["max_model_len"]) if r["max_model_len"] else "estimated max %d" % r["fit_len"])
+        for r in tried))
+    parts.append(_quantization_hint(ctx, result))
+    return "; ".join(p for p in parts if p)
+
+
+# Checkpoints the hint considers: FP8 (as vLLM's fp8 method or compressed-tensors FP8-dynamic store it) and AWQ
+# 4-bit with 128-wide groups, the common published forms; embeddings, lm_head, norms and routers stay 16-bit.
+HINT_CHECKPOINTS = (("an 8-bit (FP8)", {"quant_method": "fp8"}),
+                    ("a 4-bit (AWQ/GPTQ)", {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}))
+
+
+def _quantization_hint(ctx, result):
+    """Quantized weights cannot be applied to a checkpoint we do not have; say whether one would fit."""
+    shape = ctx["shape"]
+    if shape["quantized"]:
+        return "the checkpoint is already quantized: this model needs more or larger GPUs"
+    lay, weights = result["lay"], result["budget"]["weights_bytes"]
+    for label, config in HINT_CHECKPOINTS:
+        quant = parse_quantization(config)
+        variant = dict(shape, quantization=quant, modules=module_tensors(shape["dims"], quant, shape["dtype_bytes"]),
+                       weight_bytes=(0, "estimated"))
+        smaller = gpu_weight_bytes(variant, lay["tp"], lay["pp"])
+        kv = memory_budget(lay, ctx, result["max_num_seqs"], smaller)["kv_cache_bytes"]
+        if fitting_max_len(lay, kv, ctx["target_len"]) >= ctx["floor_len"]:
+            held = kv_capacity(lay, kv, ctx["p99"] or ctx["floor_len"])
+            if (held["num_blocks"] - 1) // held["blocks_per_request"] >= (ctx["peak"] or 1):
+                return ("suggestion: %s checkpoint of this model would fit (about %s of weights per GPU instead of %s)"
+                        % (label, gib(smaller), gib(weights)))
+    return "even a 4-bit checkpoint would not fit: more or larger GPUs are needed"

@@ -1,0 +1,205 @@
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The model: what vLLM's config code derives from config.json (layers, heads, sliding windows, MLA, maximum
+context, dimensions), and the catalog of popular models' config.json (vllm_models.json).
+"""
+
+import functools
+import json
+import os
+
+from .common import as_dict, as_int, fail
+from .weights import checkpoint_bytes, module_tensors, parse_quantization
+
+CATALOG_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "vllm_models.json")
+
+# Serving options (policy.serve_options) that change what the plan must budget; the rest pass through unread.
+#   dtype: float32 stores 4 bytes per weight and per KV element; kv_cache_memory_bytes pins the KV size per GPU;
+#   cpu_offload_gb moves that many GiB of weights per GPU to host memory; quantization (online, of an
+#   unquantized checkpoint) only shrinks the weights, so budgeting the checkpoint's size stays on the safe side.
+DTYPES = {"auto": None, "half": 2, "float16": 2, "bfloat16": 2, "float": 4, "float32": 4}
+
+# transformers' config defaults that change the KV layout when config.json leaves the key out
+# (layer_pattern: the (i + 1) % 2 sliding/full alternation transformers fills in for Gemma 2 and gpt-oss).
+MODEL_DEFAULTS = {
+    "mistral": {"sliding_window": 4096},
+    "gemma2": {"sliding_window": 4096, "max_position_embeddings": 8192, "layer_pattern": 2,
+               "tie_word_embeddings": True},
+    "gemma3_text": {"sliding_window": 4096, "max_position_embeddings": 131072, "sliding_window_pattern": 6,
+                    "tie_word_embeddings": True, "vocab_size": 262208},
+    "gpt_oss": {"sliding_window": 128, "layer_pattern": 2},
+    "qwen2": {"sliding_window": 4096, "use_sliding_window": False},
+    "qwen3": {"sliding_window": 4096, "use_sliding_window": False},
+    "qwen2_moe": {"sliding_window": 4096, "use_sliding_window": False},
+    "qwen3_moe": {"sliding_window": 4096, "use_sliding_window": False},
+}
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+# RoPE types whose max_position_embeddings is already the scaled length (vLLM _get_and_verify_max_len).
+ROPE_PRESCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def model_shape(model, dtype=None, online=None):
+    """Attention layout of a config.json dict: per-layer sliding windows, KV heads, head sizes, MLA.
+    dtype: the --dtype vLLM is given (None or auto: the checkpoint's 16-bit dtype); online: --quantization of an
+    unquantized checkpoint (fp8 is sized; other methods keep the checkpoint's bytes, the safe side)."""
+    model = as_dict(model, "model")
+    if not model:
+        fail("model must be the model's config.json as a dict (e.g. from_json), got an empty value")
+    text = model.get("text_config")
+    prefix = "model"
+    if text is not None:
+        text = as_dict(text, "model.text_config")
+        prefix = "model.text_config"
+    else:
+        text = model
+    model_type = str(text.get("model_type") or model.get("model_type") or "")
+    defaults = MODEL_DEFAULTS.get(model_type, {})
+
+    def get(key):
+        return text[key] if key in text else defaults.get(key)
+
+    layers = as_int(get("num_hidden_layers"), prefix + ".num_hidden_layers")
+    heads = as_int(get("num_attention_heads"), prefix + ".num_attention_heads")
+    hidden = as_int(get("hidden_size"), prefix + ".hidden_size")
+    kv_heads = heads if get("num_key_value_heads") is None else as_int(
+        get("num_key_value_heads"), prefix + ".num_key_value_heads")
+    mla = get("kv_lora_rank") is not None
+    if mla:
+        head_size = (as_int(get("kv_lora_rank"), prefix + ".kv_lora_rank")
+                     + as_int(get("qk_rope_head_dim"), prefix + ".qk_rope_head_dim", minimum=0))
+        head_size_v = 0
+    else:
+        head_dim = get("head_dim")
+        # Some configs write head_dim null or 0 for "derive it" (vLLM treats both as absent).
+        head_size = hidden // heads if not head_dim else as_int(head_dim, prefix + ".head_dim")
+        head_size_v = head_size
+
+    window = get("sliding_window")
+    if window is not None:
+        window = as_int(window, prefix + ".sliding_window", minimum=0) or None  # 0 means disabled
+    if get("use_sliding_window") is False:
+        window = None
+    layer_types = get("layer_types")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or len(layer_types) < layers:
+            fail("%s.layer_types must list the type of each of the %d layers" % (prefix, layers))
+    elif window is not None:
+        layer_types = _generated_layer_types(get, layers)
+    windows = []
+    for index in range(layers):
+        kind = "sliding_attention" if layer_types is None else layer_types[index]
+        if kind not in ("sliding_attention", "full_attention"):
+            fail("%s.layer_types[%d] is %r: only full_attention and sliding_attention layers are sized "
+                 "(linear-attention, Mamba and chunked-attention layers are not)" % (prefix, index, kind))
+        windows.append(window if kind == "sliding_attention" else None)
+
+    config_dtype = str(text.get("torch_dtype") or text.get("dtype") or model.get("torch_dtype")
+                       or model.get("dtype") or "bfloat16")
+    if config_dtype not in ("bfloat16", "float16", "float32", "half", "float"):
+        fail("%s.torch_dtype %r is not a dtype this filter knows (bfloat16, float16, float32)"
+             % (prefix, config_dtype))
+    # vLLM serves float32 checkpoints in 16 bits unless --dtype says otherwise.
+    dtype_bytes = DTYPES.get(dtype or "auto") or 2
+
+    quant = parse_quantization(text.get("quantization_config") or model.get("quantization_config"))
+    dims = model_dims(get, model_type, hidden, heads, kv_heads, head_size, layers, mla)
+    quantized = quant is not None
+    if quant is None and online == "fp8":
+        # vLLM quantizes every linear layer to fp8 with a per-tensor scale while loading.
+        quant = parse_quantization({"quant_method": "fp8"})
+        model = {k: v for k, v in model.items() if k not in ("_weight_bytes", "_num_parameters")}
+    modules = module_tensors(dims, quant, dtype_bytes)
+    weights, how = checkpoint_bytes(model, modules, quant, dtype_bytes)
+    if online == "fp8" and how.startswith("estimated") and "fp8" in how:
+        how += ", quantized online"
+    if how == "given" and dtype_bytes == 4 and quant is None:
+        weights, how = weights * 2, how + ", served in float32"
+    return {
+        "name": str(model.get("_name") or model.get("_name_or_path") or "the model"),
+        "model_arg": model.get("_name") or model.get("_name_or_path"),
+        "model_type": model_type, "layers": layers, "heads": heads, "kv_heads": kv_heads,
+        "head_size": head_size, "head_size_v": head_size_v, "mla": mla, "windows": tuple(windows),
+        "hidden": hidden, "dims": dims, "vocab": dims["vocab"],
+        "max_len": _derived_max_len(text, get, model_type),
+        "weight_bytes": (weights, how), "modules": modules, "quantized": quantized,
+        "quantization": quant, "dtype_bytes": dtype_bytes,
+    }
+
+
+def _generated_layer_types(get, layers):
+    """layer_types as transformers fills them in when config.json has none (Gemma 2/3, gpt-oss, Qwen2)."""
+    pattern = get("sliding_window_pattern") or get("layer_pattern")
+    if pattern:
+        # Gemma 3: (i + 1) % pattern -> sliding, so 5 local : 1 global for pattern 6.
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    if get("max_window_layers") is not None:
+        # Qwen2/Qwen3 with use_sliding_window: layers from max_window_layers on use the window.
+        return ["sliding_attention" if i >= get("max_window_layers") else "full_attention" for i in range(layers)]
+    return None  # one model-wide window on every layer (Mistral v0.1, Phi-3)
+
+
+def _derived_max_len(text, get, model_type):
+    """The model's maximum context as vLLM derives it (smallest length key, times a RoPE factor)."""
+    lengths = [text[k] for k in MAX_LEN_KEYS if isinstance(text.get(k), int) and not isinstance(text.get(k), bool)]
+    if text.get("model_max_length"):
+        lengths = [text["model_max_length"]]
+    if not lengths and get("max_position_embeddings"):
+        lengths = [get("max_position_embeddings")]
+    derived = min(lengths) if lengths else 2048  # vLLM's fallback when config.json has no length
+    rope = text.get("rope_scaling") or text.get("rope_parameters")
+    if isinstance(rope, dict) and "gemma3" not in model_type:
+        rope_type = rope.get("rope_type") or rope.get("type") or "default"
+        if rope_type not in ROPE_PRESCALED and rope.get("factor"):
+            derived = int(derived * rope["factor"])
+    return int(derived)
+
+
+def model_dims(get, model_type, hidden, heads, kv_heads, head_size, layers, mla):
+    """The sizes of config.json that decide the weights and the activation peak (dense, MoE, MLA)."""
+    experts = get("num_local_experts") or get("num_experts") or get("n_routed_experts") or 0
+    inter = get("intermediate_size") or 4 * hidden
+    moe_layers = set()
+    if experts:
+        first_dense = get("first_k_dense_replace") or 0        # DeepSeek: the first k layers are dense
+        freq = get("moe_layer_freq") or 1
+        step = get("decoder_sparse_step") or get("interleave_moe_layer_step") or 1  # Qwen MoE / Llama 4
+        dense_only = set(get("mlp_only_layers") or ())
+        moe_layers = {i for i in range(layers) if i >= first_dense and (i - first_dense) % freq == 0
+                      and (i + 1) % step == 0 and i not in dense_only}
+    moe_inter = get("moe_intermediate_size") or inter
+    shared = (get("n_shared_experts") or 0) * moe_inter or get("shared_expert_intermediate_size") or 0
+    if model_type.startswith("llama4"):
+        shared = inter  # one shared expert as wide as a routed one; dense layers use intermediate_size_mlp
+        inter = get("intermediate_size_mlp") or inter
+    return {
+        "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_size": head_size, "layers": layers,
+        "vocab": get("vocab_size") or 32000, "tied": bool(get("tie_word_embeddings")), "inter": inter,
+        "experts": experts, "moe_inter": moe_inter, "topk": get("num_experts_per_tok") or 1,
+        "shared": shared, "moe_layers": frozenset(moe_layers), "mla": _mla_dims(get) if mla else None,
+        "qkv_bias": bool(get("attention_bias")) or model_type.startswith("qwen2"),
+        "rotary": (get("qk_rope_head_dim") if mla else head_size),
+        "moe_block": {"mixtral": "block_sparse_moe"}.get(model_type, "feed_forward" if model_type.startswith(
+            "llama4") else "mlp"),
+    }
+
+
+def _mla_dims(get):
+    return {"q_lora": get("q_lora_rank"), "kv_lora": get("kv_lora_rank"), "rope": get("qk_rope_head_dim"),
+            "nope": get("qk_nope_head_dim") or 128, "v": get("v_head_dim") or 128}
+
+
+def vllm_model(name):
+    """The catalog entry (config.json fields plus _weight_bytes) of a popular model."""
+    catalog = _catalog()
+    if not isinstance(name, str) or name not in catalog:
+        fail("vllm_model: unknown model %r; known models: %s" % (name, ", ".join(sorted(catalog))))
+    entry = json.loads(json.dumps(catalog[name]))
+    entry["_name"] = name
+    return entry
+
+
+@functools.lru_cache(maxsize=1)
+def _catalog():
+    with open(CATALOG_FILE) as handle:
+        return {k: v for k, v in json.load(handle).items() if not k.startswith("_")}
