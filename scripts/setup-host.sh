@@ -18,7 +18,12 @@ fi
 
 if ! docker info >/dev/null 2>&1; then
   log "starting dockerd"
-  nohup dockerd >/var/log/vllm-fleet-dockerd.log 2>&1 &
+  # The daemon outlives this script: it must not inherit the caller's open files (a `flock` around `make` would
+  # otherwise stay held by dockerd for good).
+  (
+    for fd in $(ls /proc/$BASHPID/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done
+    exec nohup dockerd >/var/log/vllm-fleet-dockerd.log 2>&1 </dev/null
+  ) &
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   docker info >/dev/null 2>&1 || die "dockerd did not start; see /var/log/vllm-fleet-dockerd.log"
 fi
