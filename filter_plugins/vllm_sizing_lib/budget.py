@@ -1,13 +1,13 @@
 # Copyright: contributors to vllm-fleet
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The memory budget per GPU: what vLLM subtracts from its share before the KV cache (weights, activation peak,
-CUDA graphs, non-torch memory), the GPU group it plans for, and the utilization it asks for.
+CUDA graphs, non-torch memory), and the utilization it asks for.
 """
 
 import math
 
-from .common import GiB, MiB, as_dict, as_int, fail
-from .kv import parse_capability, stage_block_bytes
+from .common import GiB, MiB
+from .kv import stage_block_bytes
 from .weights import gpu_weight_bytes
 
 # Estimates of what is not KV cache (vLLM measures these at start; override them in `policy`). Checked against the
@@ -35,40 +35,6 @@ UTILIZATION = {"exclusive": 0.93, "dedicated": 0.90, "shared": 0.80}
 UTILIZATION_AFTER_OOM = 0.85
 
 
-def gpu_group(gpus, policy):
-    """(name, count, usable bytes per GPU, smallest compute capability, warnings) of the GPU group."""
-    if not isinstance(gpus, list) or not gpus:
-        fail("gpus must be a non-empty list of GPU facts (ansible_facts.nvidia_gpus), got %r" % (gpus,))
-    usable_override = policy.get("usable_memory_mib")
-    totals, capabilities, warnings = [], [], []
-    for i, fact in enumerate(gpus):
-        field = "gpus[%d]" % i
-        gpu = as_dict(fact, field)
-        if not isinstance(gpu.get("name"), str) or not gpu["name"]:
-            fail("%s.name must be the GPU's name, got %r" % (field, gpu.get("name")))
-        total = gpu.get("memory_total_mib")
-        if total is None and usable_override is None:
-            fail("%s.memory_total_mib is null (MIG or [N/A] from nvidia-smi): set policy.usable_memory_mib "
-                 "to the memory vLLM may see on %s" % (field, gpu["name"]))
-        if total is not None:
-            totals.append(as_int(total, field + ".memory_total_mib"))
-            used = gpu.get("memory_used_mib")
-            if isinstance(used, int) and not isinstance(used, bool) and used > 1024:
-                warnings.append("%s (%s) already has %d MiB in use: vLLM refuses to start when free memory is "
-                                "below what it requests; stop the other process or lower the utilization"
-                                % (field, gpu["name"], used))
-        capabilities.append(parse_capability(gpu.get("compute_capability"), field + ".compute_capability"))
-    names = sorted({gpu["name"] for gpu in gpus})
-    if usable_override is not None:
-        usable = as_int(usable_override, "policy.usable_memory_mib") * MiB
-    else:
-        # nvidia-smi's total is a few hundred MiB above what CUDA lets a process use (H100: 81559 MiB
-        # listed, 79.2 GiB usable): budget from usable memory.
-        smallest = min(totals)
-        usable = (smallest - max(512, smallest // 100)) * MiB
-    return " + ".join(names), len(gpus), usable, min(capabilities), warnings
-
-
 def default_batch(row, usable, name):
     for min_gib, excluded, batched, seqs in row["batch_defaults"]:
         if usable >= min_gib * GiB and not (excluded and excluded in name.lower()):
@@ -77,20 +43,16 @@ def default_batch(row, usable, name):
 
 
 def choose_utilization(policy, applied):
-    if policy.get("gpu_memory_utilization") is not None:
+    """gpu_memory_utilization for a checked policy (inputs.policy), said in `applied`."""
+    if policy["gpu_memory_utilization"] is not None:
         value = policy["gpu_memory_utilization"]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-            fail("policy.gpu_memory_utilization must be between 0 and 1 (exclusive: 1.0 leaves PyTorch and "
-                 "prefill spikes no headroom), got %r" % (value,))
         applied.append("gpu_memory_utilization %.2f as set in the policy" % value)
-        return float(value)
-    sharing = policy.get("gpu_sharing", "dedicated")
-    if sharing not in UTILIZATION:
-        fail("policy.gpu_sharing must be one of %s, got %r" % (", ".join(UTILIZATION), sharing))
+        return value
+    sharing = policy["gpu_sharing"]
     value = UTILIZATION[sharing]
     reason = {"exclusive": "nothing else runs on the GPUs", "dedicated": "dedicated GPUs",
               "shared": "GPUs shared with other processes"}[sharing]
-    if policy.get("runtime_ooms") and value > UTILIZATION_AFTER_OOM:
+    if policy["runtime_ooms"] and value > UTILIZATION_AFTER_OOM:
         value, reason = UTILIZATION_AFTER_OOM, "runtime OOMs were reported"
     applied.append("gpu_memory_utilization %.2f: %s" % (value, reason))
     return value
@@ -103,15 +65,15 @@ def memory_budget(lay, ctx, seqs, weights=None):
     if weights is None:
         weights = gpu_weight_bytes(shape, lay["tp"], lay["pp"])
     weights = max(0, weights - int(ctx["serve"].get("cpu_offload_gb", 0) * GiB))
-    activation = policy.get("activation_bytes")
+    activation = policy["activation_bytes"]
     if activation is None:
         activation = _activation(shape, lay["tp"], lay["pp"], batched, seqs)
-    graphs = policy.get("cuda_graph_bytes")
+    graphs = policy["cuda_graph_bytes"]
     if graphs is None:
         graphs = _cuda_graphs(lay, seqs) if row["cuda_graph_budget"] or ctx["extensible"] else 0
     if ctx["enforce_eager"]:
         graphs = 0
-    non_torch = policy.get("non_torch_bytes")
+    non_torch = policy["non_torch_bytes"]
     if non_torch is None:
         non_torch = NON_TORCH_BYTES
         if lay["tp"] > 1:

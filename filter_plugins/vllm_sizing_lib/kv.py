@@ -12,7 +12,7 @@ from .versions import AMX_FLAG, ATTENTION, CAPABILITIES, VERSIONS, resolve_versi
 from .weights import pp_stages
 
 # kv_cache_dtype -> bytes per element (None: the model's dtype). fp8_ds_mla is a fixed 656-byte row.
-KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "half": 2,
+KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2,
                   "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1}
 FP8_DS_MLA_ROW = 656
 
@@ -49,6 +49,14 @@ def _groups(windows):
     return groups
 
 
+def checked_kv_dtype(version, value, field):
+    """value if it is one of the version's --kv-cache-dtype choices that this arithmetic sizes."""
+    choices = [d for d in VERSIONS[version]["kv_cache_dtypes"] if d in KV_DTYPE_BYTES]
+    if value not in choices:
+        fail("%s %r is not one of vLLM %s's choices (%s)" % (field, value, version, ", ".join(choices)))
+    return value
+
+
 def kv_layout(shape, tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype, block_size,
               max_num_batched_tokens, async_scheduling, vllm_version, device):
     """Everything the KV arithmetic needs, resolved from the arguments, the device (device_facts) and the version."""
@@ -58,9 +66,12 @@ def kv_layout(shape, tensor_parallel_size, pipeline_parallel_size, kv_cache_dtyp
     pp = as_int(pipeline_parallel_size, "pipeline_parallel_size")
     if pp > shape["layers"]:
         fail("pipeline_parallel_size %d is more than the %d layers of %s" % (pp, shape["layers"], shape["name"]))
-    if kv_cache_dtype not in KV_DTYPE_BYTES:
-        fail("kv_cache_dtype %r is not supported here (supported: %s)" % (kv_cache_dtype, ", ".join(KV_DTYPE_BYTES)))
-    attention = attention_backend(shape, version, device, as_int(block_size, "block_size", allow_none=True))
+    checked_kv_dtype(version, kv_cache_dtype, "kv_cache_dtype")
+    block_size = as_int(block_size, "block_size", allow_none=True)
+    if block_size is not None and row["block_sizes"] and block_size not in row["block_sizes"]:
+        fail("block_size %d is not one of vLLM %s's choices (%s)"
+             % (block_size, version, ", ".join(str(b) for b in row["block_sizes"])))
+    attention = attention_backend(shape, version, device, block_size)
     block_size = attention["block_size"]
     cpu = device["type"] == "cpu"
     if max_num_batched_tokens is None:

@@ -4,10 +4,12 @@
 sequences, more tensor parallelism) and says what it applied, what it warns about and, when nothing fits, why.
 """
 
-from .budget import choose_utilization, default_batch, gpu_group, memory_budget
-from .common import as_dict, as_int, fail, gib
+from . import inputs
+from .budget import choose_utilization, default_batch, memory_budget
+from .common import fail, gib
 from .flags import parse_serve_options
-from .kv import KV_DTYPE_BYTES, check_message, fitting_max_len, kv_capacity, kv_layout, request_bytes, startup_check
+from .kv import (KV_DTYPE_BYTES, check_message, checked_kv_dtype, fitting_max_len, kv_capacity, kv_layout,
+                 request_bytes, startup_check)
 from .shape import model_shape
 from .versions import VERSIONS, resolve_version
 from .weights import gpu_weight_bytes, module_tensors, parse_quantization
@@ -15,10 +17,23 @@ from .weights import gpu_weight_bytes, module_tensors, parse_quantization
 LENGTH_STEP = 1024  # a shortened max_model_len is rounded down to a multiple of this
 
 
+def tp_refusal(shape, tp):
+    """Why vLLM cannot shard this model over tp GPUs (None: it can): the attention heads must divide by tp, and the
+    KV heads by tp, or tp by them (replicated heads); MLA has one latent KV head on every rank."""
+    if shape["heads"] % tp:
+        return "does not divide the model's %d attention heads" % shape["heads"]
+    kv = shape["kv_heads"]
+    if not shape["mla"] and (kv % tp if tp < kv else tp % kv):
+        # QKVParallelLinear: divide(total_num_kv_heads, tp_size), or divide(tp_size, total_num_kv_heads).
+        return ("and the model's %d KV heads do not divide each other (vLLM asserts in QKVParallelLinear at load)"
+                % kv)
+    return None
+
+
 def _tp_candidates(shape, start, count, allow_more):
-    """Tensor parallel sizes to try: the start, then powers of two up to the group's GPUs (vLLM needs them to
-    divide the attention heads)."""
-    larger = [t for t in (2, 4, 8, 16, 32, 64) if start < t <= count and shape["heads"] % t == 0]
+    """Tensor parallel sizes to try: the start, then powers of two up to the group's GPUs that vLLM can shard the
+    model over."""
+    larger = [t for t in (2, 4, 8, 16, 32, 64) if start < t <= count and tp_refusal(shape, t) is None]
     return [start] + (larger if allow_more else [])
 
 
@@ -53,27 +68,25 @@ def _fits_workload(result, ctx):
 
 def vllm_sizing(gpus, model, workload=None, policy=None):
     """The vLLM plan for one host or GPU group: engine arguments, environment, memory budget, fit."""
-    workload = as_dict(workload, "workload")
-    policy = as_dict(policy, "policy")
-    version = resolve_version(policy.get("vllm_version"))
+    workload = inputs.workload(workload)
+    policy = inputs.policy(policy)
+    version = resolve_version(policy["vllm_version"])
     row = VERSIONS[version]
-    serve = parse_serve_options(policy.get("serve_options"), version)
+    serve = parse_serve_options(policy["serve_options"], version)
     shape = model_shape(model, serve.get("dtype"), serve.get("quantization"))
-    host = policy.get("host")
+    host = policy["host"]
     where = ("host %s: " % host) if host else ""
-    name = str(policy.get("model") or shape["name"])  # for messages; the model may have no name
+    name = policy["model"] or shape["name"]  # for messages; the model may have no name
     applied, warnings = [], []
-    gpu_name, gpu_count, usable, capability, gpu_warnings = gpu_group(gpus, policy)
+    gpu_name, gpu_count, usable, capability, gpu_warnings = inputs.gpu_group(gpus, policy["usable_memory_mib"])
     warnings.extend(gpu_warnings)
 
-    p99 = as_int(workload.get("p99_context"), "workload.p99_context", allow_none=True)
-    peak = as_int(workload.get("peak_concurrency"), "workload.peak_concurrency", allow_none=True)
+    p99, peak = workload["p99_context"], workload["peak_concurrency"]
     model_max = shape["max_len"]
     if p99 and p99 > model_max:
         fail("%s%s: workload.p99_context %d is longer than the model's maximum context %d "
              "(max_position_embeddings); no setting serves it" % (where, name, p99, model_max))
-    target = policy.get("max_model_len") or workload.get("max_context") or p99 or model_max
-    target = as_int(target, "policy.max_model_len" if policy.get("max_model_len") else "workload.max_context")
+    target = policy["max_model_len"] or workload["max_context"] or p99 or model_max
     if p99 and target < p99:
         fail("%s%s: max_model_len %d is shorter than workload.p99_context %d: requests that long would be "
              "rejected" % (where, name, target, p99))
@@ -84,45 +97,42 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
         applied.append("max_model_len sized to the workload (p99 context %d), not the model's maximum %d"
                        % (p99, model_max) if target == p99 else
                        "max_model_len target %d, may shrink down to the workload's p99 context %d" % (target, p99))
-    floor = min(target, p99 or as_int(policy.get("min_model_len", 4096), "policy.min_model_len"))
+    floor = min(target, p99 or policy["min_model_len"])
 
     utilization = choose_utilization(policy, applied)
-    enforce_eager = policy.get("enforce_eager")
+    enforce_eager = policy["enforce_eager"]
     if enforce_eager is None:
-        enforce_eager = bool(policy.get("runtime_ooms"))
+        enforce_eager = policy["runtime_ooms"]
         if enforce_eager:
             applied.append("enforce_eager: CUDA graphs off after runtime OOMs (frees their memory)")
     default_batched, default_seqs = default_batch(row, usable, gpu_name)
-    batched = as_int(policy.get("max_num_batched_tokens", default_batched), "policy.max_num_batched_tokens")
-    seqs = as_int(peak or policy.get("max_num_seqs") or default_seqs, "policy.max_num_seqs")
+    batched = policy["max_num_batched_tokens"] or default_batched
+    seqs = peak or policy["max_num_seqs"] or default_seqs
     if batched < seqs:
         applied.append("max_num_batched_tokens raised to max_num_seqs %d (vLLM requires at least that)" % seqs)
         batched = seqs
-    kv_dtype = policy.get("kv_cache_dtype", "auto")
-    if kv_dtype not in KV_DTYPE_BYTES:
-        fail("policy.kv_cache_dtype %r is not supported (supported: %s)" % (kv_dtype, ", ".join(KV_DTYPE_BYTES)))
-    allow_fp8 = policy.get("allow_fp8_kv_cache", True) and capability >= (8, 0)
-    tp_start = as_int(policy.get("tensor_parallel_size", 1), "policy.tensor_parallel_size")
-    pp = as_int(policy.get("pipeline_parallel_size", 1), "policy.pipeline_parallel_size")
-    if shape["heads"] % tp_start:
-        fail("%s%s: policy.tensor_parallel_size %d does not divide the model's %d attention heads"
-             % (where, name, tp_start, shape["heads"]))
+    kv_dtype = checked_kv_dtype(version, policy["kv_cache_dtype"], "policy.kv_cache_dtype")
+    allow_fp8 = policy["allow_fp8_kv_cache"] and capability >= (8, 0)
+    tp_start, pp = policy["tensor_parallel_size"], policy["pipeline_parallel_size"]
+    refusal = tp_refusal(shape, tp_start)
+    if refusal:
+        fail("%s%s: policy.tensor_parallel_size %d %s" % (where, name, tp_start, refusal))
     if tp_start * pp > gpu_count:
         fail("%s%s: tensor_parallel_size %d x pipeline_parallel_size %d needs %d GPUs, the group has %d (%s)"
              % (where, name, tp_start, pp, tp_start * pp, gpu_count, gpu_name))
     ctx = {"shape": shape, "name": name, "host": host, "gpu_name": gpu_name, "gpu_count": gpu_count,
            "applied": applied, "warnings": warnings, "version": version, "pp": pp,
-           "block_size": policy.get("block_size"), "batched": batched,
+           "block_size": policy["block_size"], "batched": batched,
            "usable": usable, "utilization": utilization, "enforce_eager": enforce_eager, "policy": policy,
            "extensible": row["extensible_kv_cache"], "target_len": target, "floor_len": floor,
            "p99": p99, "peak": peak, "serve": serve,
            "device": {"type": "cuda", "capability": capability, "cpu_flags": None},
-           "min_seqs": as_int(policy.get("min_num_seqs", max(1, (peak or 0) // 2)), "policy.min_num_seqs")}
+           "min_seqs": policy["min_num_seqs"] or max(1, (peak or 0) // 2)}
 
     # Fallbacks in order: shorter max_model_len (inside _attempt), fp8 KV cache, fewer max_num_seqs,
     # more tensor parallelism. Quantized weights can only be suggested.
     tried, chosen = [], None
-    tp_candidates = _tp_candidates(shape, tp_start, gpu_count // pp, policy.get("allow_tensor_parallel", True))
+    tp_candidates = _tp_candidates(shape, tp_start, gpu_count // pp, policy["allow_tensor_parallel"])
     for tp in tp_candidates:
         dtypes = [kv_dtype] + (["fp8"] if allow_fp8 and KV_DTYPE_BYTES[kv_dtype] != 1 else [])
         results = [_attempt(ctx, tp, d, seqs) for d in dtypes]
@@ -133,7 +143,7 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
     if chosen is not None and peak and chosen["max_num_seqs"] < peak:
         warnings.append(_peak_hint(ctx, chosen, tp_candidates[tp_candidates.index(chosen["tp"]) + 1:]))
     plan = _plan(ctx, chosen or tried[-1], chosen is not None, tried)
-    if not plan["fits"] and policy.get("strict", True):
+    if not plan["fits"] and policy["strict"]:
         fail("vllm_sizing: %s%s" % (where, plan["reason"]))
     return plan
 
@@ -173,7 +183,7 @@ def _plan(ctx, result, fits, tried):
     if result["max_model_len"] is not None and length < ctx["target_len"]:
         applied.append("max_model_len %d: %d does not fit, %d is the longest that does (rounded down; floor %d)"
                        % (length, ctx["target_len"], result["fit_len"], ctx["floor_len"]))
-    if result["kv_dtype"] != (ctx["policy"].get("kv_cache_dtype") or "auto"):
+    if result["kv_dtype"] != ctx["policy"]["kv_cache_dtype"]:
         applied.append("kv_cache_dtype fp8: halves KV bytes per token (the model's dtype did not fit)")
     if result["kv_dtype"].startswith("fp8"):
         warnings.append("fp8 KV cache: a small quality cost; check your evaluations")
@@ -206,7 +216,7 @@ def _plan(ctx, result, fits, tried):
     engine_args.update(ctx["serve"])
     _serve_warnings(ctx, budget, warnings)
     env = {}
-    if ctx["policy"].get("expandable_segments", True):
+    if ctx["policy"]["expandable_segments"]:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         applied.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against allocator fragmentation")
         if tp * pp > 1:
@@ -256,7 +266,7 @@ def _serve_warnings(ctx, budget, warnings):
 
 def _model_arg(ctx):
     """What --model gets: policy.model, else the config's _name / _name_or_path (None: serve_args refuses)."""
-    return ctx["policy"].get("model") or ctx["shape"]["model_arg"]
+    return ctx["policy"]["model"] or ctx["shape"]["model_arg"]
 
 
 def _misfit_reason(ctx, result, tried):

@@ -6,6 +6,7 @@ context, dimensions), and the catalog of popular models' config.json (vllm_model
 
 import functools
 import json
+import math
 import os
 
 from .common import as_dict, as_int, fail
@@ -36,6 +37,15 @@ MODEL_DEFAULTS = {
 MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
                 "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
 # RoPE types whose max_position_embeddings is already the scaled length (vLLM _get_and_verify_max_len).
+# config.json fields read as integers, with their smallest valid value (a string, float or NaN there is refused with
+# the field's name). head_dim 0 is vLLM's "derive it from hidden_size" (get_head_size).
+CONFIG_INTS = dict({key: 1 for key in MAX_LEN_KEYS}, **{
+    "vocab_size": 1, "intermediate_size": 1, "moe_intermediate_size": 1, "shared_expert_intermediate_size": 0,
+    "intermediate_size_mlp": 1, "num_local_experts": 0, "num_experts": 0, "n_routed_experts": 0,
+    "num_experts_per_tok": 1, "n_shared_experts": 0, "first_k_dense_replace": 0, "moe_layer_freq": 1,
+    "decoder_sparse_step": 1, "interleave_moe_layer_step": 1, "sliding_window_pattern": 1, "layer_pattern": 1,
+    "max_window_layers": 0, "head_dim": 0, "q_lora_rank": 1, "qk_nope_head_dim": 1, "v_head_dim": 1,
+})
 ROPE_PRESCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 
 
@@ -57,7 +67,10 @@ def model_shape(model, dtype=None, online=None):
     defaults = MODEL_DEFAULTS.get(model_type, {})
 
     def get(key):
-        return text[key] if key in text else defaults.get(key)
+        value = text[key] if key in text else defaults.get(key)
+        if value is not None and key in CONFIG_INTS:
+            return as_int(value, "%s.%s" % (prefix, key), minimum=CONFIG_INTS[key])
+        return value
 
     layers = as_int(get("num_hidden_layers"), prefix + ".num_hidden_layers")
     heads = as_int(get("num_attention_heads"), prefix + ".num_attention_heads")
@@ -121,7 +134,7 @@ def model_shape(model, dtype=None, online=None):
         "model_type": model_type, "layers": layers, "heads": heads, "kv_heads": kv_heads,
         "head_size": head_size, "head_size_v": head_size_v, "mla": mla, "windows": tuple(windows),
         "hidden": hidden, "dims": dims, "vocab": dims["vocab"],
-        "max_len": _derived_max_len(text, get, model_type),
+        "max_len": _derived_max_len(text, get, model_type, prefix),
         "weight_bytes": (weights, how), "modules": modules, "quantized": quantized,
         "quantization": quant, "dtype_bytes": dtype_bytes,
     }
@@ -139,19 +152,23 @@ def _generated_layer_types(get, layers):
     return None  # one model-wide window on every layer (Mistral v0.1, Phi-3)
 
 
-def _derived_max_len(text, get, model_type):
+def _derived_max_len(text, get, model_type, prefix):
     """The model's maximum context as vLLM derives it (smallest length key, times a RoPE factor)."""
-    lengths = [text[k] for k in MAX_LEN_KEYS if isinstance(text.get(k), int) and not isinstance(text.get(k), bool)]
+    lengths = [get(k) for k in MAX_LEN_KEYS if text.get(k) is not None]
     if text.get("model_max_length"):
-        lengths = [text["model_max_length"]]
+        lengths = [get("model_max_length")]
     if not lengths and get("max_position_embeddings"):
         lengths = [get("max_position_embeddings")]
     derived = min(lengths) if lengths else 2048  # vLLM's fallback when config.json has no length
     rope = text.get("rope_scaling") or text.get("rope_parameters")
     if isinstance(rope, dict) and "gemma3" not in model_type:
         rope_type = rope.get("rope_type") or rope.get("type") or "default"
-        if rope_type not in ROPE_PRESCALED and rope.get("factor"):
-            derived = int(derived * rope["factor"])
+        factor = rope.get("factor")
+        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                                   or not math.isfinite(factor) or factor <= 0):
+            fail("%s.rope_scaling.factor must be a positive number, got %r" % (prefix, factor))
+        if rope_type not in ROPE_PRESCALED and factor:
+            derived = int(derived * factor)
     return int(derived)
 
 
@@ -164,7 +181,10 @@ def model_dims(get, model_type, hidden, heads, kv_heads, head_size, layers, mla)
         first_dense = get("first_k_dense_replace") or 0        # DeepSeek: the first k layers are dense
         freq = get("moe_layer_freq") or 1
         step = get("decoder_sparse_step") or get("interleave_moe_layer_step") or 1  # Qwen MoE / Llama 4
-        dense_only = set(get("mlp_only_layers") or ())
+        dense_only = get("mlp_only_layers") or []
+        if not isinstance(dense_only, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in dense_only):
+            fail("model.mlp_only_layers must be a list of layer indices, got %r" % (dense_only,))
+        dense_only = set(dense_only)
         moe_layers = {i for i in range(layers) if i >= first_dense and (i - first_dense) % freq == 0
                       and (i + 1) % step == 0 and i not in dense_only}
     moe_inter = get("moe_intermediate_size") or inter

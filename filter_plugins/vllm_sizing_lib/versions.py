@@ -22,6 +22,9 @@ PINNED_VERSION = "0.34.0"
 #   batch_defaults: (min GiB, excluded name, max_num_batched_tokens, max_num_seqs) for `vllm serve`,
 #                   first match wins; cpu: per world size
 #   message, gib_format: how the startup error spells "model's" and GiB (None: round(x, 2), as format_gib)
+#   kv_cache_dtypes: --kv-cache-dtype choices (CacheDType in config/cache.py; 0.32 adds float16, 0.32.0 read from its
+#                    installed source); block_sizes: --block-size choices (BlockSize), None: any positive integer the
+#                    attention backend takes (0.32 and later)
 #   versioned_flags: flags of FLAGS (flags.py) that only some releases have, this one's (the rest all have)
 #   cuda_graph_budget: the CUDA-graph estimate is taken from the KV memory (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
 #                      default on since 0.21); before, graphs are captured after the KV cache, in the headroom
@@ -32,6 +35,8 @@ VERSIONS = {
         "batch_defaults": ((70, "a100", 8192, 1024), (0, None, 2048, 256)), "cpu_batch_defaults": (2048, 128),
         "message": "models's", "gib_format": "%.2f", "versioned_flags": frozenset({"swap_space"}),
         "cuda_graph_budget": False,
+        "kv_cache_dtypes": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
+        "block_sizes": (1, 8, 16, 32, 64, 128, 256),
     },
     "0.19.0": {
         "block_size": 16, "utilization": 0.9, "extensible_kv_cache": False,
@@ -39,6 +44,8 @@ VERSIONS = {
         "batch_defaults": ((70, "a100", 8192, 1024), (0, None, 2048, 256)), "cpu_batch_defaults": (2048, 128),
         "message": "models's", "gib_format": None, "versioned_flags": frozenset({"shutdown_timeout"}),
         "cuda_graph_budget": False,
+        "kv_cache_dtypes": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
+        "block_sizes": (1, 8, 16, 32, 64, 128, 256),
     },
     "0.32.0": {
         "block_size": 16, "utilization": 0.92, "extensible_kv_cache": False,
@@ -46,6 +53,8 @@ VERSIONS = {
         "batch_defaults": ((160, None, 16384, 1024), (70, "a100", 8192, 1024), (0, None, 2048, 256)),
         "cpu_batch_defaults": (2048, 128), "message": "model's", "gib_format": None,
         "versioned_flags": frozenset({"shutdown_timeout"}), "cuda_graph_budget": True,
+        "kv_cache_dtypes": ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
+        "block_sizes": None,
     },
     "0.34.0": {
         "block_size": 64, "utilization": 0.92, "extensible_kv_cache": True,
@@ -53,6 +62,8 @@ VERSIONS = {
         "batch_defaults": ((160, None, 16384, 1024), (70, "a100", 8192, 1024), (0, None, 2048, 256)),
         "cpu_batch_defaults": (2048, 128), "message": "model's", "gib_format": None,
         "versioned_flags": frozenset({"shutdown_timeout"}), "cuda_graph_budget": True,
+        "kv_cache_dtypes": ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
+        "block_sizes": None,
     },
 }
 

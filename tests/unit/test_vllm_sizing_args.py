@@ -157,7 +157,7 @@ def test_bad_models(model, message):
     ({"max_model_len": "4k"}, r"max_model_len must be an integer, got '4k'"),
     ({"tensor_parallel_size": 0}, r"tensor_parallel_size must be at least 1"),
     ({"pipeline_parallel_size": 9}, r"pipeline_parallel_size 9 is more than the 8 layers"),
-    ({"kv_cache_dtype": "int3"}, r"kv_cache_dtype 'int3' is not supported here \(supported: auto, bfloat16"),
+    ({"kv_cache_dtype": "int3"}, r"kv_cache_dtype 'int3' is not one of vLLM 0.34.0's choices \(auto, float16, bfloat16"),
     ({"block_size": -16}, r"block_size must be at least 1"),
     ({"max_num_batched_tokens": 1.5}, r"max_num_batched_tokens must be an integer"),
     ({"vllm_version": "0.20.0"},
@@ -191,7 +191,7 @@ def test_bad_memory_argument():
     ([gpu("A10G", 23028, "8.6")], {}, "strict", r"policy must be a dict, got str"),
     ([gpu("A10G", 23028, "8.6")], {}, {"gpu_sharing": "sometimes"}, r"policy.gpu_sharing must be one of"),
     ([gpu("A10G", 23028, "8.6")], {}, {"gpu_memory_utilization": "0.9"}, r"policy.gpu_memory_utilization must be"),
-    ([gpu("A10G", 23028, "8.6")], {}, {"kv_cache_dtype": "fp4"}, r"policy.kv_cache_dtype 'fp4' is not supported"),
+    ([gpu("A10G", 23028, "8.6")], {}, {"kv_cache_dtype": "fp4"}, r"policy.kv_cache_dtype 'fp4' is not one of vLLM 0.34.0's choices"),
     ([gpu("A10G", 23028, "8.6")], {}, {"tensor_parallel_size": "2"}, r"policy.tensor_parallel_size must be an integer"),
     ([gpu("A10G", 23028, "8.6")], {}, {"vllm_version": "1.0"}, r"vllm_version '1.0' is not in the version table"),
     ([gpu("A10G", 23028, "8.6")], {}, {"min_num_seqs": 0}, r"policy.min_num_seqs must be at least 1"),
@@ -235,3 +235,83 @@ def test_filters_from_a_template():
     assert result.returncode == 0, result.stdout + result.stderr
     expected = '"msg": "35600 6039797760 --model Qwen/Qwen3-8B --block-size 64 --gpu-memory-utilization 0.9'
     assert expected in result.stdout
+
+
+# --- Issue 10 part 3: every malformed input is refused at the door, naming the field ------------------------------
+
+A10G = [gpu("A10G", 23028, "8.6")]
+# Phi-3-medium-4k-instruct's config.json shape (40 attention heads, 10 KV heads): TP 4 divides the heads, not the
+# KV heads, and vLLM asserts divide(10, 4) in QKVParallelLinear.
+PHI3_MEDIUM = {"model_type": "phi3", "hidden_size": 5120, "num_attention_heads": 40, "num_key_value_heads": 10,
+               "num_hidden_layers": 40, "intermediate_size": 17920, "vocab_size": 32064,
+               "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}
+H100X4 = [dict(gpu("NVIDIA H100 80GB HBM3", 81559, "9.0"), index=i) for i in range(4)]
+
+
+@pytest.mark.parametrize("workload, policy, message", [
+    ({"p99_ctx": 4096}, {}, r"workload: unknown key p99_ctx \(accepted: p99_context, peak_concurrency, max_context\)"),
+    ({}, {"runtime_oom": True, "gpu_shareing": "shared"},
+     r"policy: unknown keys gpu_shareing, runtime_oom \(accepted: host, .*runtime_ooms"),
+    ({}, {"runtime_ooms": "false"}, r"policy.runtime_ooms must be true or false, got 'false' \(a string is not"),
+    ({}, {"enforce_eager": "no"}, r"policy.enforce_eager must be true or false"),
+    ({}, {"activation_bytes": -1}, r"policy.activation_bytes must be at least 0, got -1"),
+    ({}, {"kv_cache_dtype": "half"}, r"policy.kv_cache_dtype 'half' is not one of vLLM 0.34.0's choices"),
+    ({}, {"kv_cache_dtype": "float16", "vllm_version": "0.19.0"},
+     r"policy.kv_cache_dtype 'float16' is not one of vLLM 0.19.0's choices \(auto, bfloat16, fp8"),
+    ({}, {"block_size": 7, "vllm_version": "0.19.0"}, r"block_size 7 is not one of vLLM 0.19.0's choices"),
+    ({}, {"block_size": 7}, r"block_size 7: no attention backend vLLM 0.34.0 has"),
+    ({}, {"serve_options": {"enable_prefix_cache": True}}, r"policy.serve_options.enable_prefix_cache is not an"),
+])
+def test_malformed_workload_and_policy(workload, policy, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        vllm_sizing(A10G, vllm_model("Qwen/Qwen3-8B"), workload, policy)
+
+
+def test_float16_kv_cache_is_a_choice_of_the_releases_that_have_it():
+    plan = vllm_sizing(A10G, vllm_model("Qwen/Qwen3-8B"), {"p99_context": 4096}, {"kv_cache_dtype": "float16"})
+    assert plan["engine_args"]["kv_cache_dtype"] == "float16"
+
+
+def test_tensor_parallelism_must_divide_the_kv_heads_too():
+    with pytest.raises(AnsibleFilterError, match=r"tensor_parallel_size 4 and the model's 10 KV heads do not divide"):
+        vllm_sizing(H100X4, PHI3_MEDIUM, {}, {"tensor_parallel_size": 4})
+    # TP 2 divides both; when more is needed, 4 is never tried.
+    plan = vllm_sizing(H100X4, PHI3_MEDIUM, {"p99_context": 4096, "peak_concurrency": 8}, {"tensor_parallel_size": 2})
+    assert plan["engine_args"]["tensor_parallel_size"] == 2
+    assert sz.plan.tp_refusal(sz.shape.model_shape(PHI3_MEDIUM), 4) is not None
+    assert sz.plan.tp_refusal(sz.shape.model_shape(dict(PHI3_MEDIUM, num_key_value_heads=2)), 4) is None  # replicas
+
+
+def test_a_mig_gpu_is_not_sized_as_the_whole_gpu():
+    mig = [dict(gpu("NVIDIA A100-SXM4-80GB", 81920, "8.0"), mig_mode="Enabled")]
+    with pytest.raises(AnsibleFilterError, match=r"gpus\[0\] \(NVIDIA A100-SXM4-80GB\) has MIG enabled.*"
+                                                 r"vllm_policy.usable_memory_mib"):
+        vllm_sizing(mig, vllm_model("Qwen/Qwen3-8B"), {"p99_context": 4096})
+    plan = vllm_sizing(mig, vllm_model("Qwen/Qwen3-8B"), {"p99_context": 4096}, {"usable_memory_mib": 40192})
+    assert plan["budget_per_gpu"]["usable_bytes"] == 40192 << 20
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("vocab_size", "151936", r"model.vocab_size must be an integer, got '151936'"),
+    ("intermediate_size", float("nan"), r"model.intermediate_size must be an integer, got nan"),
+    ("sliding_window_pattern", "6", r"model.sliding_window_pattern must be an integer"),
+    ("max_position_embeddings", 4096.0, r"model.max_position_embeddings must be an integer, got 4096.0"),
+    ("head_dim", -128, r"model.head_dim must be at least 0, got -128"),
+    ("rope_scaling", {"rope_type": "linear", "factor": "2"}, r"model.rope_scaling.factor must be a positive number"),
+    ("rope_scaling", {"rope_type": "dynamic", "factor": float("inf")}, r"rope_scaling.factor must be a positive"),
+    ("mlp_only_layers", "0,1", r"model.mlp_only_layers must be a list of layer indices"),
+])
+def test_malformed_config_fields_name_the_field(field, value, message):
+    config = dict(vllm_model("Qwen/Qwen3-30B-A3B") if field == "mlp_only_layers" else vllm_model("Qwen/Qwen3-8B"),
+                  **{field: value})
+    if field == "sliding_window_pattern":
+        config = dict(BASE, model_type="gemma3_text", sliding_window=1024, sliding_window_pattern=value)
+    with pytest.raises(AnsibleFilterError, match=message):
+        vllm_sizing(A10G, config, {"p99_context": 4096}, {"strict": False})
+
+
+def test_head_dim_zero_is_derived_as_vllm_does():
+    # vLLM's get_head_size takes head_dim only when it is > 0 (DeepseekVLV2TextConfig materializes 0).
+    qwen = vllm_model("Qwen/Qwen3-8B")
+    derived = dict(qwen, head_dim=0)
+    assert sz.shape.model_shape(derived)["head_size"] == qwen["hidden_size"] // qwen["num_attention_heads"]

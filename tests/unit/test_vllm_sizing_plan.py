@@ -22,7 +22,7 @@ def plan_for(gpus, name="Qwen/Qwen3-8B", workload=None, **policy):
     ({"gpu_sharing": "exclusive"}, 0.93),
     ({"gpu_sharing": "shared"}, 0.80),
     ({"runtime_ooms": True}, 0.85),
-    ({"gpu_sharing": "exclusive", "runtime_ooms": 3}, 0.85),
+    ({"gpu_sharing": "exclusive", "runtime_ooms": True}, 0.85),
     ({"gpu_sharing": "shared", "runtime_ooms": True}, 0.80),
     ({"gpu_memory_utilization": 0.75}, 0.75),
 ])
@@ -36,7 +36,7 @@ def test_utilization_is_always_explicit_and_never_one(a10g):
     plan = plan_for(a10g, workload={"p99_context": 4096})
     assert 0 < plan["engine_args"]["gpu_memory_utilization"] < 1
     assert any("would default to 1.0" in line for line in plan["applied"])  # 0.34's extensible KV cache
-    with pytest.raises(AnsibleFilterError, match=r"policy.gpu_memory_utilization must be between 0 and 1"):
+    with pytest.raises(AnsibleFilterError, match=r"policy.gpu_memory_utilization must be a number between 0 and 1"):
         plan_for(a10g, gpu_memory_utilization=1.0)
 
 
