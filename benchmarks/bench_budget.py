@@ -51,8 +51,8 @@ def gpu_of(log):
     return None
 
 
-def predict(log):
-    """(plan, why not) for one log: the plan vllm_sizing makes for its settings."""
+def predict(log, measured=None):
+    """(plan, why not) for one log: the plan vllm_sizing makes for its settings (measured: policy.measured)."""
     model = ALIASES.get(log["model"], log["model"])
     if model not in sz.shape._catalog():
         return None, "model not in the catalog"
@@ -83,6 +83,8 @@ def predict(log):
     if log.get("quantization") and not entry.get("quantization_config"):
         serve["quantization"] = log["quantization"]  # online quantization of a 16-bit checkpoint
     policy["serve_options"] = serve
+    if measured is not None:
+        policy["measured"] = measured
     workload = {"max_context": log["max_model_len"]} if log.get("max_model_len") else {}
     return vs.vllm_sizing(gpus, entry, workload, policy), None
 

@@ -4,7 +4,8 @@
 for that plan.
 
 Documentation lives in the sidecar files next to this one (vllm_sizing.yml, vllm_kv_cache_bytes.yml,
-vllm_max_model_len.yml, vllm_serve_args.yml, vllm_model.yml), so `ansible-doc -t filter NAME` shows it. The
+vllm_max_model_len.yml, vllm_serve_args.yml, vllm_model.yml, vllm_calibration_key.yml), so `ansible-doc -t filter
+NAME` shows it. The
 implementation is the package vllm_sizing_lib/ next to this file, one concern per module (see its __init__.py).
 Ansible loads filter plugins under names of its own, so the package is loaded here by its path, once per process,
 as `vllm_fleet_sizing`; it imports nothing from the rest of the project.
@@ -34,6 +35,7 @@ vllm_max_model_len = _module("kv").vllm_max_model_len
 vllm_sizing = _module("plan").vllm_sizing
 vllm_serve_args = _module("flags").vllm_serve_args
 vllm_model = _module("shape").vllm_model
+vllm_calibration_key = _module("calibration").calibration_key
 
 
 class FilterModule(object):
@@ -46,4 +48,5 @@ class FilterModule(object):
             "vllm_sizing": vllm_sizing,
             "vllm_serve_args": vllm_serve_args,
             "vllm_model": vllm_model,
+            "vllm_calibration_key": vllm_calibration_key,
         }

@@ -44,6 +44,7 @@ POLICY = {
     "activation_bytes": ("bytes", None, "measured activation peak per GPU"),
     "cuda_graph_bytes": ("bytes", None, "measured CUDA graph memory per GPU"),
     "non_torch_bytes": ("bytes", None, "measured non-torch memory per GPU"),
+    "measured": ("dict", None, "a vllm_startup_report or calibration store entry of this configuration"),
 }
 
 

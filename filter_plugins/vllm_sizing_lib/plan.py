@@ -4,7 +4,7 @@
 sequences, more tensor parallelism) and says what it applied, what it warns about and, when nothing fits, why.
 """
 
-from . import inputs
+from . import calibration, inputs
 from .budget import choose_utilization, default_batch, memory_budget
 from .common import fail, gib
 from .flags import parse_serve_options
@@ -42,6 +42,15 @@ def _attempt(ctx, tp, kv_dtype, seqs):
     lay = kv_layout(ctx["shape"], tp, ctx["pp"], kv_dtype, ctx["block_size"], ctx["batched"], None, ctx["version"],
                     ctx["device"])
     budget = memory_budget(lay, ctx, seqs)
+    measured = None
+    if ctx["measured"] is not None and calibration.applies(ctx["measured"], {
+            "first": tp == ctx["tp_start"] and kv_dtype == ctx["policy"]["kv_cache_dtype"],
+            "fields": {"gpu": ctx["gpu_name"], "vllm_version": ctx["version"], "tensor_parallel_size": tp,
+                       "pipeline_parallel_size": ctx["pp"], "kv_cache_dtype": kv_dtype,
+                       "max_num_batched_tokens": ctx["batched"], "enforce_eager": ctx["enforce_eager"],
+                       "dtype": str(ctx["serve"].get("dtype") or "auto"),
+                       "quantization": str(ctx["serve"].get("quantization") or "none")}}):
+        budget, measured = calibration.measured_budget(budget, ctx["measured"])
     kv = budget["kv_cache_bytes"]
     fit_len = fitting_max_len(lay, kv, ctx["target_len"])
     length = fit_len
@@ -51,7 +60,7 @@ def _attempt(ctx, tp, kv_dtype, seqs):
     if fit_len < ctx["floor_len"]:
         length = None
     result = {"tp": tp, "kv_dtype": kv_dtype, "lay": lay, "budget": budget, "fit_len": fit_len,
-              "max_model_len": length, "max_num_seqs": seqs}
+              "max_model_len": length, "max_num_seqs": seqs, "measured": measured}
     if length is None:
         return result
     result["capacity"] = kv_capacity(lay, kv, length)
@@ -125,7 +134,8 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
            "block_size": policy["block_size"], "batched": batched,
            "usable": usable, "utilization": utilization, "enforce_eager": enforce_eager, "policy": policy,
            "extensible": row["extensible_kv_cache"], "target_len": target, "floor_len": floor,
-           "p99": p99, "peak": peak, "serve": serve,
+           "p99": p99, "peak": peak, "serve": serve, "tp_start": tp_start,
+           "measured": calibration.measurement(policy["measured"]) if policy["measured"] else None,
            "device": {"type": "cuda", "capability": capability, "cpu_flags": None},
            "min_seqs": policy["min_num_seqs"] or max(1, (peak or 0) // 2)}
 
@@ -239,6 +249,10 @@ def _plan(ctx, result, fits, tried):
         "kv_bytes_per_request": request_bytes(lay, length),
         "applied": applied, "warnings": warnings,
     }
+    if result["measured"] is not None:
+        info = result["measured"]
+        plan["calibration"] = dict(info, error_percent=calibration.error_percent(info))
+        applied.append(calibration.describe(info))
     if fits:
         plan["reason"] = ("%s fits on %d x %s: %s of KV cache per GPU holds %d tokens, %.2f requests at "
                           "max_model_len %d" % (name, tp * pp, ctx["gpu_name"], gib(budget["kv_cache_bytes"]),

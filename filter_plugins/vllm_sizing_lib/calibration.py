@@ -1,0 +1,131 @@
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Calibration: what vLLM printed at a real start (vllm_startup_report) replaces the budget's estimates for the
+same configuration.
+
+The store (the vllm role's vllm_calibration_dir, next to the inventory) holds one JSON entry per instance start,
+under the directory calibration_key(plan) names: GPU model / model / vLLM version / parallelism, dtype, KV dtype,
+max_num_batched_tokens and eager. An entry is {"key": {...}, "host", "instance", "started_at", "invocation_id",
+"report": {...}}; a bare report is taken as measured on the plan's first configuration.
+"""
+
+import re
+
+from .common import as_dict, fail, gib
+
+# The parts of the budget a report measures: report key -> budget key.
+PARTS = {"model_loading_bytes": "weights_bytes", "activation_peak_bytes": "activation_peak_bytes",
+         "non_torch_bytes": "non_torch_bytes", "cuda_graph_bytes": "cuda_graph_bytes"}
+# A plan whose prediction is further than this from what vLLM then had is flagged (plan.yml).
+OFF_PERCENT = 3.0
+
+
+def key_fields(plan):
+    """The configuration a measurement holds for, from a plan (what the key is made of)."""
+    args = plan["engine_args"]
+    return {"gpu": plan["gpus"]["name"], "model": str(plan["model"]), "vllm_version": plan["vllm_version"],
+            "tensor_parallel_size": args["tensor_parallel_size"],
+            "pipeline_parallel_size": args.get("pipeline_parallel_size", 1),
+            "dtype": str(args.get("dtype") or "auto"), "quantization": str(args.get("quantization") or "none"),
+            "kv_cache_dtype": args["kv_cache_dtype"], "max_num_batched_tokens": args["max_num_batched_tokens"],
+            "enforce_eager": bool(args["enforce_eager"])}
+
+
+def _word(text):
+    return re.sub(r"[^a-z0-9._-]+", "-", str(text).lower()).strip("-") or "none"
+
+
+def calibration_key(plan):
+    """The store's directory for a plan's configuration: gpu/model/vllm-version/tpN-ppM-dtype-quant-kv-bN-mode."""
+    plan = as_dict(plan, "plan")
+    if not isinstance(plan.get("engine_args"), dict) or not isinstance(plan.get("gpus"), dict):
+        fail("vllm_calibration_key takes a plan from vllm_sizing, got a dict without engine_args and gpus")
+    k = key_fields(plan)
+    model = k["model"].rstrip("/").split("/")[-1] if k["model"].startswith("/") else k["model"]
+    return "/".join([_word(k["gpu"]), _word(model), "vllm-" + _word(k["vllm_version"]), "-".join([
+        "tp%d" % k["tensor_parallel_size"], "pp%d" % k["pipeline_parallel_size"], _word(k["dtype"]),
+        _word(k["quantization"]), "kv-" + _word(k["kv_cache_dtype"]), "b%d" % k["max_num_batched_tokens"],
+        "eager" if k["enforce_eager"] else "graphs"])])
+
+
+def measurement(value):
+    """policy.measured checked at the door: (report, key fields or None, where/when it was measured)."""
+    entry = as_dict(value, "policy.measured")
+    report = as_dict(entry["report"], "policy.measured.report") if "report" in entry else entry
+    for name, number in report.items():
+        if name.endswith("_bytes") and (isinstance(number, bool) or not isinstance(number, int) or number < 0):
+            fail("policy.measured: %s must be a number of bytes, got %r (pass vllm_startup_report's dict or a "
+                 "calibration store entry)" % (name, number))
+    if not any(k in report for k in list(PARTS) + ["available_kv_cache_bytes"]):
+        fail("policy.measured holds none of %s: not a vllm_startup_report of a start"
+             % ", ".join(list(PARTS) + ["available_kv_cache_bytes"]))
+    key = entry.get("key") if "report" in entry else None
+    source = {k: entry[k] for k in ("host", "instance", "started_at") if entry.get(k) is not None}
+    return {"report": report, "key": key, "source": source}
+
+
+def applies(measured, attempt):
+    """Whether a measurement was taken on this configuration (a bare report: the first one tried)."""
+    key = measured["key"]
+    if key is None:
+        return attempt["first"]
+    return all(key.get(k) == v for k, v in attempt["fields"].items() if k in key)
+
+
+def compile_cache(report):
+    """warm, cold (torch.compile compiled at this start, which leaves less for the KV cache) or none (eager)."""
+    if "compiled_from_cache" not in report:
+        return "none"
+    return "warm" if report["compiled_from_cache"] else "cold"
+
+
+def measured_budget(budget, measured):
+    """The budget with the measured parts in place of the estimates, and what was measured.
+
+    The KV cache: vLLM's own figure when the report shows the same request (same GPU memory x utilization) or a
+    CPU build (its KV space is fixed by VLLM_CPU_KVCACHE_SPACE); else what the measured parts leave. A cold compile
+    cache measured more activation than a warm start needs: its parts are used, but the KV never goes above the
+    estimate's until a warm start is measured."""
+    report = measured["report"]
+    out = dict(budget)
+    # CUDA graphs count only where the budget has them (versions that take them from the KV memory, not eager).
+    parts = [budget_key for key, budget_key in PARTS.items()
+             if key in report and not (budget_key == "cuda_graph_bytes" and budget["cuda_graph_bytes"] == 0)]
+    for key, budget_key in PARTS.items():
+        if budget_key in parts:
+            out[budget_key] = report[key]
+    if parts:
+        out["kv_cache_bytes"] = max(0, budget["kv_cache_bytes"] + sum(budget[p] - out[p] for p in parts))
+    kv = report.get("available_kv_cache_bytes")
+    same_request = report.get("requested_memory_bytes") == budget["requested_bytes"]
+    if kv is not None and (same_request or report.get("kv_cache_device") == "CPU"):
+        out["kv_cache_bytes"] = kv
+        parts.append("kv_cache_bytes")
+    cache = compile_cache(report)
+    if cache == "cold":
+        out["kv_cache_bytes"] = min(out["kv_cache_bytes"], budget["kv_cache_bytes"])
+    return out, {"parts": parts, "compile_cache": cache, "predicted_kv_cache_bytes": budget["kv_cache_bytes"],
+                 "measured_kv_cache_bytes": kv, "source": measured["source"]}
+
+
+def describe(info):
+    """One line for the plan's `applied`."""
+    where = info["source"]
+    at = " on %s instance %s" % (where["host"], where.get("instance", "?")) if "host" in where else ""
+    when = " started %s" % where["started_at"] if "started_at" in where else ""
+    line = "measured%s%s: %s used instead of estimates" % (at, when, ", ".join(info["parts"]) or "nothing")
+    if info["measured_kv_cache_bytes"] is not None:
+        line += " (predicted KV %s, vLLM had %s)" % (gib(info["predicted_kv_cache_bytes"]),
+                                                     gib(info["measured_kv_cache_bytes"]))
+    if info["compile_cache"] == "cold":
+        line += "; cold torch.compile cache at that start: the KV cache stays at the estimate's until a warm start " \
+                "is measured"
+    return line
+
+
+def error_percent(info):
+    """How far the prediction was from what vLLM had (positive: the plan expected more), None if not measured."""
+    kv = info["measured_kv_cache_bytes"]
+    if not kv:
+        return None
+    return round(100.0 * (info["predicted_kv_cache_bytes"] - kv) / kv, 1)
