@@ -364,6 +364,7 @@ def _model_shape(model, dtype=None, online=None):
         "head_size": head_size, "head_size_v": head_size_v, "mla": mla, "windows": tuple(windows),
         "hidden": hidden, "dims": dims, "vocab": dims["vocab"],
         "max_len": _derived_max_len(text, get, model_type),
+        "rotary_positions": _rotary_positions(text, model_type, _derived_max_len(text, get, model_type)),
         "weight_bytes": (weights, how), "modules": modules, "quantized": quantized,
         "quantization": quant, "dtype_bytes": dtype_bytes,
     }
@@ -379,6 +380,19 @@ def _generated_layer_types(get, layers):
         # Qwen2/Qwen3 with use_sliding_window: layers from max_window_layers on use the window.
         return ["sliding_attention" if i >= get("max_window_layers") else "full_attention" for i in range(layers)]
     return None  # one model-wide window on every layer (Mistral v0.1, Phi-3)
+
+
+def _rotary_positions(text, model_type, max_len):
+    """Positions of each RoPE cos/sin cache vLLM keeps on the GPU (one per distinct RoPE). Gemma 3's global layers
+    use a linear-scaled RoPE, which caches max_position_embeddings x factor positions (rotary_embedding/
+    linear_scaling_rope.py), and its local layers an unscaled RoPE with another base: 0.56 GiB for head_dim 256."""
+    if "gemma3" not in model_type:
+        return (max_len,)
+    rope = text.get("rope_scaling") or text.get("rope_parameters")
+    factor = rope.get("factor") if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) == "linear" \
+        else None
+    scaled = isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1
+    return (int(max_len * factor) if scaled else max_len, max_len)
 
 
 def _derived_max_len(text, get, model_type):
@@ -646,8 +660,7 @@ def _stage_weights(shape, tp, pp):
     """Estimated weight bytes on the GPU of each pipeline stage (one tensor-parallel rank), from the modules."""
     dims, quant, dtype_bytes = shape["dims"], shape["quantization"], shape["dtype_bytes"]
     stages = _pp_stages(dims["layers"], pp)
-    # The rotary cos/sin cache: max positions x rotary dim in the model dtype, on every stage.
-    totals = [shape["max_len"] * (dims["rotary"] or 0) * 2] * pp
+    totals = [_rotary_bytes(shape)] * pp
     for layers, name, k, n, count, shard, kind, quantized in shape["modules"]:
         k, n = _shard(k, n, shard, tp, dims)
         if quantized and kind == "experts" and quant["method"] == "mxfp4":
@@ -697,14 +710,21 @@ def _describe(quant):
     return "mxfp4 experts"
 
 
+def _rotary_bytes(shape):
+    """The RoPE cos/sin caches: positions x rotary dim in the served dtype, on every stage (not in the checkpoint)."""
+    return sum(shape["rotary_positions"]) * (shape["dims"]["rotary"] or 0) * shape["dtype_bytes"]
+
+
 def _gpu_weight_bytes(shape, tp, pp):
-    """Weight bytes on the busiest GPU: the largest stage of one rank; a given total is split like the estimate."""
+    """Weight bytes on the busiest GPU: the largest stage of one rank; a given total is split like the estimate,
+    plus the RoPE caches it does not hold."""
     stages = _stage_weights(shape, tp, pp)
     total, how = shape["weight_bytes"]
     if how.startswith("estimated"):
         return max(stages)
-    estimate = sum(_stage_weights(shape, 1, 1))
-    return _cdiv(total * max(stages), estimate)
+    rotary = _rotary_bytes(shape)
+    estimate = sum(_stage_weights(shape, 1, 1)) - rotary
+    return _cdiv(total * (max(stages) - rotary), estimate) + rotary
 
 
 # --------------------------------------------------------------------------------------------------
