@@ -24,7 +24,7 @@ def test_the_corpus_is_sized():
     assert len(ROWS) >= 30
     assert all(why for _, why in SKIPPED)
     # What the sized part covers: models, tensor and pipeline parallel sizes, GPUs.
-    assert len({log["model"] for _, log, _, _ in ROWS}) >= 14
+    assert len({log["model"] for _, log, _, _ in ROWS}) >= 15
     assert {log["tensor_parallel_size"] for _, log, _, _ in ROWS} >= {1, 2, 4}
     assert any(log["pipeline_parallel_size"] > 1 for _, log, _, _ in ROWS)
     assert {bench_budget.gpu_of(log)[0] for _, log, _, _ in ROWS} >= {"NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"}

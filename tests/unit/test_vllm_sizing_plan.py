@@ -258,7 +258,7 @@ def test_pipeline_parallel_plan(h100x8):
 
 def test_catalog_entries_are_sized(h100x8):
     names = sorted(vs._catalog())
-    assert len(names) == 22
+    assert len(names) == 23
     for name in names:
         entry = vllm_model(name)
         # Quantized entries are sized from quantization_config, the others from their parameter bytes.
