@@ -22,8 +22,30 @@ import vllm_sizing as vs  # noqa: E402
 import vllm_fleet_sizing as sz  # noqa: E402  (the package vllm_sizing loads)
 
 LOGS = os.path.join(ROOT, "tests", "fixtures", "startup-logs")
-# Checkpoints with the same config.json shapes as a catalog entry (instruct and base builds, Qwen2 = Qwen2.5 7B).
-ALIASES = {"Qwen/Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B", "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2.5-7B"}
+# Checkpoints with the same config.json shapes as a catalog entry (instruct and base builds).
+ALIASES = {"Qwen/Qwen2.5-7B-Instruct": "Qwen/Qwen2.5-7B"}
+# Models of the corpus that are not in the catalog, and why.
+NOT_SIZED = {
+    "RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16":
+        "its config.json was not found in public sources: vLLM ran it as GPTQ (gptq_marlin), and the bits, group "
+        "size and desc_act of its quantization_config would be guesses",
+    "RedHatAI/Llama-3.3-70B-Instruct-fp8-dynamic":
+        "its config.json (a compressed-tensors quantization_config) was not found in public sources",
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct":
+        "chunked local attention (attention_chunk_size 8192 on 3 of 4 layers) is not sized: vllm_sizing would plan "
+        "every layer as full attention",
+    "Qwen/Qwen3-Next-80B-A3B-Instruct":
+        "hybrid Gated DeltaNet linear attention (3 of 4 layers keep a fixed recurrent state, vLLM pads the attention "
+        "block to 544 tokens) is not sized",
+    "llava-hf/llava-v1.6-mistral-7b-hf":
+        "the source does not name the GPU, and the printed activation peak includes the vision encoder's profiling "
+        "batch of 5 images, which the budget does not model",
+    "moonshotai/Kimi-K2-Thinking":
+        "a nightly build without a version, utilization or max_model_len in the published lines (two lines only)",
+    "zai-org/GLM-4.7-FP8": "refused start: only the ValueError line is published (no Available KV cache memory)",
+    "Qwen/Qwen3-Coder-30B-A3B-Instruct-FP8":
+        "refused start: only the ValueError line is published (no Available KV cache memory)",
+}
 # nvidia-smi totals (vllm-facts.md section 2) for logs that do not print vLLM's total.
 GPUS = {"A100 80GB": ("NVIDIA A100-SXM4-80GB", 81920, "8.0"), "A100 40GB": ("NVIDIA A100-SXM4-40GB", 40960, "8.0"),
         "A100": ("NVIDIA A100-SXM4-80GB", 81920, "8.0"), "H100": ("NVIDIA H100 80GB HBM3", 81559, "9.0"),
@@ -54,8 +76,12 @@ def gpu_of(log):
 def predict(log, measured=None):
     """(plan, why not) for one log: the plan vllm_sizing makes for its settings (measured: policy.measured)."""
     model = ALIASES.get(log["model"], log["model"])
+    if model in NOT_SIZED:
+        return None, NOT_SIZED[model]
     if model not in sz.shape._catalog():
         return None, "model not in the catalog"
+    if any("'enable_expert_parallel': True" in line for line in log["lines"]):
+        return None, "expert parallelism (--enable-expert-parallel): vllm_sizing plans tensor parallelism only"
     spec = gpu_of(log)
     if log["parsed"].get("kv_available_gib") is None or spec is None or log.get("gpu_memory_utilization") is None:
         return None, "no printed KV memory, GPU or utilization"

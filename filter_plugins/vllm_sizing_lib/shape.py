@@ -135,6 +135,7 @@ def model_shape(model, dtype=None, online=None):
         "head_size": head_size, "head_size_v": head_size_v, "mla": mla, "windows": tuple(windows),
         "hidden": hidden, "dims": dims, "vocab": dims["vocab"],
         "max_len": _derived_max_len(text, get, model_type, prefix),
+        "rotary_positions": _rotary_positions(text, model_type, _derived_max_len(text, get, model_type, prefix)),
         "weight_bytes": (weights, how), "modules": modules, "quantized": quantized,
         "quantization": quant, "dtype_bytes": dtype_bytes,
     }
@@ -150,6 +151,19 @@ def _generated_layer_types(get, layers):
         # Qwen2/Qwen3 with use_sliding_window: layers from max_window_layers on use the window.
         return ["sliding_attention" if i >= get("max_window_layers") else "full_attention" for i in range(layers)]
     return None  # one model-wide window on every layer (Mistral v0.1, Phi-3)
+
+
+def _rotary_positions(text, model_type, max_len):
+    """Positions of each RoPE cos/sin cache vLLM keeps on the GPU (one per distinct RoPE). Gemma 3's global layers
+    use a linear-scaled RoPE, which caches max_position_embeddings x factor positions (rotary_embedding/
+    linear_scaling_rope.py), and its local layers an unscaled RoPE with another base: 0.56 GiB for head_dim 256."""
+    if "gemma3" not in model_type:
+        return (max_len,)
+    rope = text.get("rope_scaling") or text.get("rope_parameters")
+    factor = rope.get("factor") if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) == "linear" \
+        else None
+    scaled = isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1
+    return (int(max_len * factor) if scaled else max_len, max_len)
 
 
 def _derived_max_len(text, get, model_type, prefix):

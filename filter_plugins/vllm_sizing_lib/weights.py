@@ -221,8 +221,7 @@ def _stage_weights(shape, tp, pp):
     """Estimated weight bytes on the GPU of each pipeline stage (one tensor-parallel rank), from the modules."""
     dims, quant, dtype_bytes = shape["dims"], shape["quantization"], shape["dtype_bytes"]
     stages = pp_stages(dims["layers"], pp)
-    # The rotary cos/sin cache: max positions x rotary dim in the model dtype, on every stage.
-    totals = [shape["max_len"] * (dims["rotary"] or 0) * 2] * pp
+    totals = [rotary_bytes(shape)] * pp
     for layers, name, k, n, count, shard, kind, quantized in shape["modules"]:
         k, n = _shard(k, n, shard, tp, dims)
         if quantized and kind == "experts" and quant["method"] == "mxfp4":
@@ -272,14 +271,21 @@ def _describe(quant):
     return "mxfp4 experts"
 
 
+def rotary_bytes(shape):
+    """The RoPE cos/sin caches: positions x rotary dim in the served dtype, on every stage (not in the checkpoint)."""
+    return sum(shape["rotary_positions"]) * (shape["dims"]["rotary"] or 0) * shape["dtype_bytes"]
+
+
 def gpu_weight_bytes(shape, tp, pp):
-    """Weight bytes on the busiest GPU: the largest stage of one rank; a given total is split like the estimate."""
+    """Weight bytes on the busiest GPU: the largest stage of one rank; a given total is split like the estimate,
+    plus the RoPE caches it does not hold."""
     stages = _stage_weights(shape, tp, pp)
     total, how = shape["weight_bytes"]
     if how.startswith("estimated"):
         return max(stages)
-    estimate = sum(_stage_weights(shape, 1, 1))
-    return cdiv(total * max(stages), estimate)
+    rotary = rotary_bytes(shape)
+    estimate = sum(_stage_weights(shape, 1, 1)) - rotary
+    return cdiv(total * (max(stages) - rotary), estimate) + rotary
 
 
 def pp_stages(layers, pp):

@@ -157,7 +157,7 @@ def test_bad_models(model, message):
     ({"max_model_len": "4k"}, r"max_model_len must be an integer, got '4k'"),
     ({"tensor_parallel_size": 0}, r"tensor_parallel_size must be at least 1"),
     ({"pipeline_parallel_size": 9}, r"pipeline_parallel_size 9 is more than the 8 layers"),
-    ({"kv_cache_dtype": "int3"}, r"kv_cache_dtype 'int3' is not one of vLLM 0.34.0's choices \(auto, float16, bfloat16"),
+    ({"kv_cache_dtype": "int3"}, r"kv_cache_dtype 'int3' is not one of vLLM 0.34.0's choices \(auto, float16"),
     ({"block_size": -16}, r"block_size must be at least 1"),
     ({"max_num_batched_tokens": 1.5}, r"max_num_batched_tokens must be an integer"),
     ({"vllm_version": "0.20.0"},
@@ -191,7 +191,8 @@ def test_bad_memory_argument():
     ([gpu("A10G", 23028, "8.6")], {}, "strict", r"policy must be a dict, got str"),
     ([gpu("A10G", 23028, "8.6")], {}, {"gpu_sharing": "sometimes"}, r"policy.gpu_sharing must be one of"),
     ([gpu("A10G", 23028, "8.6")], {}, {"gpu_memory_utilization": "0.9"}, r"policy.gpu_memory_utilization must be"),
-    ([gpu("A10G", 23028, "8.6")], {}, {"kv_cache_dtype": "fp4"}, r"policy.kv_cache_dtype 'fp4' is not one of vLLM 0.34.0's choices"),
+    ([gpu("A10G", 23028, "8.6")], {}, {"kv_cache_dtype": "fp4"},
+     r"policy.kv_cache_dtype 'fp4' is not one of vLLM 0.34.0's choices"),
     ([gpu("A10G", 23028, "8.6")], {}, {"tensor_parallel_size": "2"}, r"policy.tensor_parallel_size must be an integer"),
     ([gpu("A10G", 23028, "8.6")], {}, {"vllm_version": "1.0"}, r"vllm_version '1.0' is not in the version table"),
     ([gpu("A10G", 23028, "8.6")], {}, {"min_num_seqs": 0}, r"policy.min_num_seqs must be at least 1"),
@@ -210,8 +211,8 @@ def test_filter_module_exposes_the_sizing_filters():
 
 
 @pytest.mark.parametrize("name", ["vllm_sizing", "vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_serve_args",
-                                  "vllm_model", "vllm_calibration_key", "fleet_servers", "fleet_address", "systemd_exec", "systemd_environment", "systemd_value",
-                                  "systemd_comment", "env_file", "haproxy_word", "fleet_invalid"])
+                                  "vllm_model", "vllm_calibration_key", "fleet_servers", "fleet_address",
+                                  "systemd_exec", "systemd_environment", "systemd_value", "systemd_comment", "env_file", "haproxy_word", "fleet_invalid"])
 def test_ansible_doc_shows_docs_and_examples(name):
     result = subprocess.run([os.path.join(VENV_BIN, "ansible-doc"), "-t", "filter", name], cwd=ROOT, check=False,
                             capture_output=True, text=True, timeout=120,

@@ -22,8 +22,13 @@ H100 = [gpu("NVIDIA H100 80GB HBM3", 81559, "9.0")]
 
 def test_the_corpus_is_sized():
     # Every log the catalog and the version table can size; the rest are listed with a reason (see -rs).
-    assert len(ROWS) >= 24
+    assert len(ROWS) >= 30
     assert all(why for _, why in SKIPPED)
+    # What the sized part covers: models, tensor and pipeline parallel sizes, GPUs.
+    assert len({log["model"] for _, log, _, _ in ROWS}) >= 15
+    assert {log["tensor_parallel_size"] for _, log, _, _ in ROWS} >= {1, 2, 4}
+    assert any(log["pipeline_parallel_size"] > 1 for _, log, _, _ in ROWS)
+    assert {bench_budget.gpu_of(log)[0] for _, log, _, _ in ROWS} >= {"NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"}
 
 
 @pytest.mark.parametrize("ident, log, plan, error", ROWS, ids=[row[0] for row in ROWS])
@@ -45,6 +50,20 @@ def test_weights_per_gpu_match_model_loading(ident, log, plan, error):
     """Model loading took X GiB: within 2 % for every dtype and format in the corpus (MXFP4 above: padded)."""
     printed = log["parsed"]["weights_gib"]
     assert abs(plan["budget_per_gpu"]["weights_bytes"] / GiB - printed) <= 0.02 * printed + 0.05
+
+
+def test_rope_caches_count_as_weights():
+    """vLLM keeps its RoPE cos/sin caches on the GPU: Gemma 3's linear-scaled global RoPE caches 8 x 131072 positions
+    and its local RoPE another 131072 (head_dim 256: 0.56 GiB, the gap between the checkpoint and "Model loading
+    took" of gemma-3-4b/12b); a given checkpoint size holds none of it."""
+    gemma = sz.shape.model_shape(vs.vllm_model("google/gemma-3-12b-it"))
+    assert gemma["rotary_positions"] == (8 * 131072, 131072)
+    assert sz.weights.rotary_bytes(gemma) == 9 * 131072 * 256 * 2
+    assert sz.weights.gpu_weight_bytes(gemma, 1, 1) == 2 * 12187325040 + sz.weights.rotary_bytes(gemma)
+    llama = sz.shape.model_shape(vs.vllm_model("meta-llama/Llama-3.1-8B-Instruct"))
+    assert llama["rotary_positions"] == (131072,) and sz.weights.rotary_bytes(llama) == 131072 * 128 * 2
+    # Tensor parallelism splits the checkpoint, not the caches.
+    assert sz.weights.gpu_weight_bytes(llama, 2, 1) == pytest.approx(16060522496 / 2 + 131072 * 128 * 2, rel=2e-3)
 
 
 def test_version_rows_decide_whether_cuda_graphs_are_budgeted():
@@ -103,7 +122,7 @@ def test_quantized_hint_names_the_checkpoint_size(a10g):
     plan = vs.vllm_sizing(H100, vs.vllm_model("meta-llama/Llama-3.1-70B-Instruct"), {"p99_context": 8192},
                           {"strict": False, "allow_tensor_parallel": False})
     assert "a 4-bit (AWQ/GPTQ) checkpoint of this model would fit (about 37.07 GiB of weights per GPU instead " \
-           "of 131.42 GiB)" in plan["reason"]
+           "of 131.45 GiB)" in plan["reason"]
 
 
 def test_awq_real_config_and_its_skip_list():

@@ -259,7 +259,7 @@ def test_pipeline_parallel_plan(h100x8):
 
 def test_catalog_entries_are_sized(h100x8):
     names = sorted(sz.shape._catalog())
-    assert len(names) == 14
+    assert len(names) == 23
     for name in names:
         entry = vllm_model(name)
         # Quantized entries are sized from quantization_config, the others from their parameter bytes.
