@@ -73,6 +73,7 @@ demo: venv fleet-deps
 bench: venv
 	$(BIN)/python benchmarks/bench_sizing.py
 	$(BIN)/python benchmarks/bench_budget.py
+	$(BIN)/python benchmarks/bench_calibration.py
 
 clean:
 	for s in $(SCENARIOS); do $(BIN)/molecule destroy -s $$s || true; done

@@ -10,6 +10,8 @@ inventory=molecule/shared/inventory/fleet.yml
 key='k3y\with "quotes" $HOME %i and spaces'   # molecule/shared/inventory/group_vars/vllm.yml
 out=reports/demo/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$out"
+# What each start measured (the calibration store): site.yml records it, plan.yml plans with it.
+export VLLM_FLEET_CALIBRATION_DIR=$PWD/$out/calibration
 
 log "1/4 deploying the fleet with playbooks/site.yml (Molecule creates the hosts; about 5 minutes the first time)"
 molecule converge -s fleet > "$out/site.log" 2>&1 || { tail -50 "$out/site.log"; die "site.yml failed: $out/site.log"; }
@@ -74,6 +76,11 @@ for host, inst in sorted(plans.items()):
         print(f"  {host}/{name}: {p['model']} on {p['gpus']['used']}x {p['gpus']['name']} (stand-in GPU; vLLM CPU build)"
               f" max_model_len {a['max_model_len']}, max_num_seqs {a['max_num_seqs']}, utilization"
               f" {a['gpu_memory_utilization']}, fits: {p['fits']}")
+        cal = p.get("calibration")
+        if cal and cal.get("measured_kv_cache_bytes") is not None:
+            print(f"    KV cache: predicted {cal['predicted_kv_cache_bytes'] / 2**30:.2f} GiB for the stand-in GPU, vLLM had"
+                  f" {cal['measured_kv_cache_bytes'] / 2**30:.2f} GiB at its start of {cal['source'].get('started_at')}"
+                  f" ({cal['error_percent']:+.0f}%): the plan now uses the measured figure")
 print(f"\nRolling restart: {roll['outcome']} (playbook exit {roll_rc})")
 print(f"  {'host':8} {'drain':>7} {'stop':>7} {'start->ready':>13} {'vLLM own':>9} {'enable':>7} {'total':>7} {'overhead':>9}")
 for host, r in sorted(roll["hosts"].items()):
@@ -85,7 +92,7 @@ print(f"  {'restart pattern':22} {'sent':>6} {'failed':>7} {'streaming':>10} {'n
 for name, t in loads.items():
     print(f"  {name:22} {t['sent']:>6} {t['failed']:>7} {t['failed_streaming']:>10} {t['failed_non_streaming']:>14}")
 print(f"Files in {out}: rolling-restart.json, roll-load.json, naive-load.json, naive-hosts.jsonl, timeline.png,"
-      f" timeline-naive.png, plan.json, *.log")
+      f" timeline-naive.png, plan.json, calibration/ (what each start measured), *.log")
 PY
 log "the fleet is still up: ansible-playbook -i $inventory playbooks/<playbook>.yml; make clean removes it"
 exit "$roll_rc"

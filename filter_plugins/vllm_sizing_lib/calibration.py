@@ -5,8 +5,8 @@ same configuration.
 
 The store (the vllm role's vllm_calibration_dir, next to the inventory) holds one JSON entry per instance start,
 under the directory calibration_key(plan) names: GPU model / model / vLLM version / parallelism, dtype, KV dtype,
-max_num_batched_tokens and eager. An entry is {"key": {...}, "host", "instance", "started_at", "invocation_id",
-"report": {...}}; a bare report is taken as measured on the plan's first configuration.
+max_num_batched_tokens and eager. An entry is {"key": that directory, "host", "instance", "started_at",
+"invocation_id", "report": {...}}; a bare report is taken as measured on the plan's first configuration.
 """
 
 import re
@@ -35,17 +35,21 @@ def _word(text):
     return re.sub(r"[^a-z0-9._-]+", "-", str(text).lower()).strip("-") or "none"
 
 
+def key_path(fields):
+    """The store's directory of a configuration: gpu/model/vllm-version/tpN-ppM-dtype-quant-kv-bN-mode."""
+    model = fields["model"].rstrip("/").split("/")[-1] if fields["model"].startswith("/") else fields["model"]
+    return "/".join([_word(fields["gpu"]), _word(model), "vllm-" + _word(fields["vllm_version"]), "-".join([
+        "tp%d" % fields["tensor_parallel_size"], "pp%d" % fields["pipeline_parallel_size"], _word(fields["dtype"]),
+        _word(fields["quantization"]), "kv-" + _word(fields["kv_cache_dtype"]),
+        "b%d" % fields["max_num_batched_tokens"], "eager" if fields["enforce_eager"] else "graphs"])])
+
+
 def calibration_key(plan):
-    """The store's directory for a plan's configuration: gpu/model/vllm-version/tpN-ppM-dtype-quant-kv-bN-mode."""
+    """The store's directory for the configuration a plan runs (see key_path)."""
     plan = as_dict(plan, "plan")
     if not isinstance(plan.get("engine_args"), dict) or not isinstance(plan.get("gpus"), dict):
         fail("vllm_calibration_key takes a plan from vllm_sizing, got a dict without engine_args and gpus")
-    k = key_fields(plan)
-    model = k["model"].rstrip("/").split("/")[-1] if k["model"].startswith("/") else k["model"]
-    return "/".join([_word(k["gpu"]), _word(model), "vllm-" + _word(k["vllm_version"]), "-".join([
-        "tp%d" % k["tensor_parallel_size"], "pp%d" % k["pipeline_parallel_size"], _word(k["dtype"]),
-        _word(k["quantization"]), "kv-" + _word(k["kv_cache_dtype"]), "b%d" % k["max_num_batched_tokens"],
-        "eager" if k["enforce_eager"] else "graphs"])])
+    return key_path(key_fields(plan))
 
 
 def measurement(value):
@@ -60,16 +64,18 @@ def measurement(value):
         fail("policy.measured holds none of %s: not a vllm_startup_report of a start"
              % ", ".join(list(PARTS) + ["available_kv_cache_bytes"]))
     key = entry.get("key") if "report" in entry else None
+    if key is not None and not isinstance(key, str):
+        fail("policy.measured.key must be the store directory the entry was recorded under (vllm_calibration_key), "
+             "got %r" % (key,))
     source = {k: entry[k] for k in ("host", "instance", "started_at") if entry.get(k) is not None}
     return {"report": report, "key": key, "source": source}
 
 
 def applies(measured, attempt):
     """Whether a measurement was taken on this configuration (a bare report: the first one tried)."""
-    key = measured["key"]
-    if key is None:
+    if measured["key"] is None:
         return attempt["first"]
-    return all(key.get(k) == v for k, v in attempt["fields"].items() if k in key)
+    return measured["key"] == key_path(attempt["fields"])
 
 
 def compile_cache(report):

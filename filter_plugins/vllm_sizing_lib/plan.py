@@ -45,7 +45,8 @@ def _attempt(ctx, tp, kv_dtype, seqs):
     measured = None
     if ctx["measured"] is not None and calibration.applies(ctx["measured"], {
             "first": tp == ctx["tp_start"] and kv_dtype == ctx["policy"]["kv_cache_dtype"],
-            "fields": {"gpu": ctx["gpu_name"], "vllm_version": ctx["version"], "tensor_parallel_size": tp,
+            "fields": {"gpu": ctx["gpu_name"], "model": str(_model_arg(ctx)), "vllm_version": ctx["version"],
+                       "tensor_parallel_size": tp,
                        "pipeline_parallel_size": ctx["pp"], "kv_cache_dtype": kv_dtype,
                        "max_num_batched_tokens": ctx["batched"], "enforce_eager": ctx["enforce_eager"],
                        "dtype": str(ctx["serve"].get("dtype") or "auto"),
@@ -249,10 +250,16 @@ def _plan(ctx, result, fits, tried):
         "kv_bytes_per_request": request_bytes(lay, length),
         "applied": applied, "warnings": warnings,
     }
-    if result["measured"] is not None:
-        info = result["measured"]
-        plan["calibration"] = dict(info, error_percent=calibration.error_percent(info))
-        applied.append(calibration.describe(info))
+    # The measured configuration may not be the chosen one: what vLLM had there can make the plan move on.
+    measured = result if result["measured"] is not None else next((r for r in tried if r["measured"]), None)
+    if measured is not None:
+        info = measured["measured"]
+        error = calibration.error_percent(info)
+        plan["calibration"] = dict(info, error_percent=error, used=measured is result,
+                                   flagged=error is not None and abs(error) > calibration.OFF_PERCENT)
+        applied.append(calibration.describe(info) + ("" if measured is result else (
+            "; with that, tensor_parallel_size %d with kv_cache_dtype %s does not serve the workload, so the plan "
+            "moved on" % (measured["tp"], measured["kv_dtype"]))))
     if fits:
         plan["reason"] = ("%s fits on %d x %s: %s of KV cache per GPU holds %d tokens, %.2f requests at "
                           "max_model_len %d" % (name, tp * pp, ctx["gpu_name"], gib(budget["kv_cache_bytes"]),

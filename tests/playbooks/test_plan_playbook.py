@@ -2,6 +2,7 @@
 import json
 import os
 import subprocess
+import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -50,3 +51,44 @@ def test_options_are_checked_before_any_plan(tmp_path):
     missing = plan({"swap_space": 4})
     assert missing.returncode != 0
     assert "policy.serve_options.swap_space: --swap-space does not exist in vLLM 0.34.0" in missing.stdout
+
+
+def test_a_measured_start_is_planned_with_and_shown_beside_the_prediction(tmp_path):
+    """The calibration store: an entry under the configuration's key (here the CPU build's own startup report of
+    tests/fixtures/vllm-logs) makes the next plan use vLLM's KV figure, and the table shows both and the error."""
+    sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
+    import vllm_sizing  # noqa: F401  (loads the package)
+    import vllm_startup_report
+    from vllm_fleet_sizing import calibration
+
+    def plan():
+        return subprocess.run(
+            [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", "tests/playbooks/plan-inventory.yml",
+             "playbooks/plan.yml", "--limit", "h100x8-gptoss,localhost", "-e", f"vllm_calibration_dir={tmp_path / 'store'}",
+             "-e", f"plan_out={tmp_path / 'plan.json'}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+            env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0"))
+    before = plan()
+    assert before.returncode == 0, before.stdout[-3000:]
+    predicted = json.loads((tmp_path / "plan.json").read_text())["h100x8-gptoss"]["main"]
+    assert "calibration" not in predicted
+    with open(os.path.join(ROOT, "tests", "fixtures", "vllm-logs", "cpu032-startup-eager.log"), encoding="utf-8") as f:
+        report = vllm_startup_report.vllm_startup_report(f.read())
+    key = calibration.calibration_key(predicted)
+    entry = tmp_path / "store" / key / "h100x8-gptoss-main.json"
+    entry.parent.mkdir(parents=True)
+    entry.write_text(json.dumps({"key": key, "host": "h100x8-gptoss", "instance": "main",
+                                 "started_at": "Fri 2026-12-04 15:37:28 UTC", "invocation_id": "0" * 32,
+                                 "report": report}))
+    after = plan()
+    assert after.returncode == 0, after.stdout[-3000:]
+    measured = json.loads((tmp_path / "plan.json").read_text())["h100x8-gptoss"]["main"]
+    cal = measured["calibration"]
+    assert cal["measured_kv_cache_bytes"] == 1 << 30 and cal["source"]["host"] == "h100x8-gptoss" and cal["flagged"]
+    # 1 GiB is far less than TP 2 was predicted to leave: that configuration no longer serves the workload.
+    assert not cal["used"] and measured["engine_args"]["tensor_parallel_size"] > \
+        predicted["engine_args"]["tensor_parallel_size"]
+    assert any("does not serve the workload, so the plan moved on" in line for line in measured["applied"])
+    row = next(line for line in after.stdout.splitlines() if "h100x8-gptoss" in line and " main " in line)
+    assert " 1.00 " in row and "(measured; the prediction was OFF by more than 3%)" in row
+    assert " %.2f " % (cal["predicted_kv_cache_bytes"] / (1 << 30)) in row

@@ -212,7 +212,8 @@ def test_filter_module_exposes_the_sizing_filters():
 
 @pytest.mark.parametrize("name", ["vllm_sizing", "vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_serve_args",
                                   "vllm_model", "vllm_calibration_key", "fleet_servers", "fleet_address",
-                                  "systemd_exec", "systemd_environment", "systemd_value", "systemd_comment", "env_file", "haproxy_word", "fleet_invalid"])
+                                  "systemd_exec", "systemd_environment", "systemd_value", "systemd_comment",
+                                  "env_file", "haproxy_word", "fleet_invalid"])
 def test_ansible_doc_shows_docs_and_examples(name):
     result = subprocess.run([os.path.join(VENV_BIN, "ansible-doc"), "-t", "filter", name], cwd=ROOT, check=False,
                             capture_output=True, text=True, timeout=120,

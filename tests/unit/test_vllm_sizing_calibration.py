@@ -38,6 +38,7 @@ def test_cpu_build_kv_space_is_taken_as_measured():
     assert plan["budget_per_gpu"]["kv_cache_bytes"] == 1 << 30
     assert plan["calibration"]["parts"] == ["kv_cache_bytes"] and plan["calibration"]["compile_cache"] == "none"
     assert plan["calibration"]["error_percent"] > 100  # the stand-in A10G's prediction is far from the CPU's 1 GiB
+    assert plan["calibration"]["flagged"] is True
     assert any(line.startswith("measured: kv_cache_bytes used instead of estimates") for line in plan["applied"])
 
 
@@ -55,12 +56,14 @@ def test_a_cold_compile_cache_never_raises_the_kv_cache_above_the_estimate():
 def test_a_store_entry_applies_to_its_own_configuration_only():
     plan = vs.vllm_sizing(A10G, QWEN3, {"p99_context": 4096}, {"model": "Qwen/Qwen3-8B"})
     key = sz.calibration.key_fields(plan)
-    entry = {"key": key, "host": "gpu-1", "instance": "main", "started_at": "Fri 2026-12-04 15:37:28 UTC",
+    entry = {"key": sz.calibration.key_path(key), "host": "gpu-1", "instance": "main",
+             "started_at": "Fri 2026-12-04 15:37:28 UTC",
              "report": {"available_kv_cache_bytes": 1 << 30, "kv_cache_device": "CPU"}}
     measured = vs.vllm_sizing(A10G, QWEN3, {"p99_context": 4096}, {"model": "Qwen/Qwen3-8B", "measured": entry})
     assert measured["calibration"]["source"]["host"] == "gpu-1"
     assert "measured on gpu-1 instance main started Fri 2026-12-04" in " ".join(measured["applied"])
-    other = dict(entry, key=dict(key, max_num_batched_tokens=key["max_num_batched_tokens"] * 2))
+    doubled = dict(key, max_num_batched_tokens=key["max_num_batched_tokens"] * 2)
+    other = dict(entry, key=sz.calibration.key_path(doubled))
     assert "calibration" not in vs.vllm_sizing(A10G, QWEN3, {"p99_context": 4096},
                                                {"model": "Qwen/Qwen3-8B", "measured": other})
 
@@ -80,6 +83,7 @@ def test_calibration_key_names_the_configuration():
     ({"kv_cache_tokens": 5}, r"policy.measured holds none of model_loading_bytes"),
     ({"available_kv_cache_bytes": "1 GiB"}, r"policy.measured: available_kv_cache_bytes must be a number of bytes"),
     ({"report": [1]}, r"policy.measured.report must be a dict, got list"),
+    ({"key": {"tp": 1}, "report": {"available_kv_cache_bytes": 1}}, r"policy.measured.key must be the store directory"),
 ])
 def test_malformed_measurements(measured, message):
     with pytest.raises(AnsibleFilterError, match=message):

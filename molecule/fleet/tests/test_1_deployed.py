@@ -1,9 +1,11 @@
 """What site.yml left on each host: installed, configured, hardened and serving."""
+import glob
 import json
+import os
 import shlex
 
 import pytest
-from fleet import API_KEY, http, sh, unit_props
+from fleet import API_KEY, INVENTORY, http, playbook, sh, unit_props
 
 HOSTS = ["vllm-1", "vllm-2", "vllm-3"]
 UNIT = "vllm@main.service"
@@ -83,3 +85,34 @@ def test_systemd_security_exposure():
     score = float(out.split("exposure level for")[1].split(":")[1].split()[0])
     print(f"systemd-analyze security {UNIT}: {score}")
     assert score <= 4.0, out
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_each_start_is_measured_and_the_next_plan_uses_it(host):
+    """Calibration (issue 10): site.yml recorded the real CPU build's startup numbers of this host's current start in
+    the store next to the inventory, and the plan on the host (rewritten after the start, and unchanged by the
+    idempotence run) takes vLLM's KV figure instead of the stand-in A10G's estimate."""
+    store = os.path.join(os.path.dirname(INVENTORY), "calibration")
+    entries = glob.glob(os.path.join(store, "*", "*", "*", "*", f"{host}-main.json"))
+    assert len(entries) == 1, entries
+    with open(entries[0]) as f:
+        entry = json.load(f)
+    assert entry["invocation_id"] == unit_props(host, UNIT, "InvocationID")["InvocationID"]
+    assert entry["key"] == os.path.relpath(os.path.dirname(entries[0]), store)
+    assert entry["key"].startswith("nvidia-a10g/tiny-llama/vllm-0.32.0/tp1-pp1-float16-none-kv-auto-")
+    report = entry["report"]
+    # VLLM_CPU_KVCACHE_SPACE=1 (group_vars/vllm.yml): vLLM printed 1 GiB of KV cache on the CPU.
+    assert report["kv_cache_device"] == "CPU" and report["available_kv_cache_bytes"] == 1 << 30
+    assert report["vllm_version"] == "0.32.0" and report["kv_cache_tokens"] > 0
+    plan = json.loads(sh(host, "cat /etc/vllm/main.plan.json").stdout)
+    assert plan["calibration"]["used"] and plan["calibration"]["source"]["host"] == host
+    assert plan["budget_per_gpu"]["kv_cache_bytes"] == 1 << 30
+    assert plan["kv_cache_tokens"] == report["kv_cache_tokens"]  # the arithmetic on vLLM's KV gives vLLM's count
+
+
+def test_plan_shows_predicted_and_measured_kv_per_host():
+    out = playbook("playbooks/plan.yml", "--limit", "vllm,localhost")
+    assert "failed=0" in out.stdout, out.stdout[-2000:]
+    for host in HOSTS:
+        row = out.stdout.split(f'"{host} ', 1)[1].split('"', 1)[0]
+        assert " 1.00 " in row and "(measured; the prediction was OFF by more than 3%)" in row, row

@@ -18,6 +18,14 @@ options:
   api_key: {description: API key (VLLM_API_KEY), type: str, default: ""}
   timeout: {description: seconds to wait in all, type: int, default: 900}
   journal_lines: {description: journal lines returned on failure, type: int, default: 40}
+  startup_report:
+    description:
+      - Also return the numbers vLLM printed while starting (the vllm_startup_report filter's dict, read from the
+        first O(startup_lines) journal lines of the unit's current invocation), with the invocation and its start
+        time, for the calibration store.
+    type: bool
+    default: false
+  startup_lines: {description: journal lines of the invocation read for the startup report, type: int, default: 5000}
 author: vllm-fleet
 """
 
@@ -37,22 +45,41 @@ start_to_ready:
   description: seconds from the server process's start to the unit becoming active (/health 200), per systemd
   type: float
   returned: success
+startup:
+  description: what vLLM printed while starting (keys of the vllm_startup_report filter; missing lines are absent)
+  type: dict
+  returned: success and startup_report
+invocation_id: {description: the unit's InvocationID (one per start), type: str, returned: success and startup_report}
+started_at: {description: "the server process's start, as systemd prints it (ExecMainStartTimestamp)", type: str,
+             returned: success and startup_report}
 diagnosis: {description: kind, summary and advice of the failure found in the journal, type: dict, returned: failure}
 journal: {description: last journal lines, type: list, returned: failure}
 """
 
+import itertools
+import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vllm_diagnosis import diagnose
 from ansible.module_utils.vllm_http import http
+from ansible.module_utils.vllm_log import startup_report
 
 
 def unit_state(module, unit):
     _rc, out, _err = module.run_command(
         ["systemctl", "show", unit, "-p", "ActiveState,SubState,Result,NRestarts,ExecMainStatus,"
-         "ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic"])
+         "ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic,InvocationID,ExecMainStartTimestamp"])
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def first_lines(invocation, count):
+    """The first `count` journal lines of one invocation of a unit: the startup, not days of serving logs."""
+    with subprocess.Popen(["journalctl", "--no-pager", "-o", "cat", "_SYSTEMD_INVOCATION_ID=" + invocation],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, errors="replace") as proc:
+        lines = list(itertools.islice(proc.stdout, count))
+        proc.kill()
+    return "".join(lines)
 
 
 def main():
@@ -64,6 +91,8 @@ def main():
             api_key=dict(type="str", default="", no_log=True),
             timeout=dict(type="int", default=900),
             journal_lines=dict(type="int", default=40),
+            startup_report=dict(type="bool", default=False),
+            startup_lines=dict(type="int", default=5000),
         ),
         supports_check_mode=True,
     )
@@ -88,9 +117,13 @@ def main():
             if status == 200 and '"choices"' in body and state.get("ActiveState") == "active":
                 started = int(state.get("ExecMainStartTimestampMonotonic") or 0)
                 active = int(state.get("ActiveEnterTimestampMonotonic") or 0)
-                module.exit_json(changed=False, seconds=round(time.monotonic() - start, 1),
-                                 restarts=int(state.get("NRestarts", 0) or 0),
-                                 start_to_ready=round((active - started) / 1e6, 2) if active > started > 0 else None)
+                result = dict(changed=False, seconds=round(time.monotonic() - start, 1),
+                              restarts=int(state.get("NRestarts", 0) or 0),
+                              start_to_ready=round((active - started) / 1e6, 2) if active > started > 0 else None)
+                if p["startup_report"] and state.get("InvocationID"):
+                    result.update(startup=startup_report(first_lines(state["InvocationID"], p["startup_lines"])),
+                                  invocation_id=state["InvocationID"], started_at=state.get("ExecMainStartTimestamp"))
+                module.exit_json(**result)
             last = "completion answered %s: %s" % (status, body[:300])
         else:
             last = "/health answered %s" % (status if status is not None else body)
