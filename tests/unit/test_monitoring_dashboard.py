@@ -21,6 +21,8 @@ EXPORTED = {
     # node exporter 1.5 systemd collector (--collector.systemd, --collector.systemd.enable-restarts-metrics).
     "node_systemd_unit_state": "node exporter",
     "node_systemd_service_restart_total": "node exporter",
+    # The vllm role's files/vllm-oom-counter, through node exporter's textfile collector.
+    "vllm_fleet_runtime_oom_total": "vllm-oom-counter",
     # HAProxy 2.6 `http-request use-service prometheus-exporter`.
     "haproxy_server_status": "HAProxy",
     # Prometheus itself, per target.

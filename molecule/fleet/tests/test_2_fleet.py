@@ -134,8 +134,8 @@ def prometheus(path, query=None):
 
 def test_3_prometheus_alerts_on_that_engine_death_and_sees_every_instance():
     """After test_3's SIGKILL of vllm-2's EngineCore, the restart alert is pending or firing in a real Prometheus,
-    from node exporter's systemd collector; every instance has KV and queue series, and HAProxy's exporter reports
-    every server UP."""
+    from node exporter's systemd collector; every instance has KV and queue series and a runtime-OOM counter (0: the
+    death was no OOM), and HAProxy's exporter reports every server UP."""
     def engine_died():
         return [a for a in prometheus("alerts")["alerts"]
                 if a["labels"]["alertname"] == "VllmEngineDied" and a["state"] in ("pending", "firing")]
@@ -149,6 +149,11 @@ def test_3_prometheus_alerts_on_that_engine_death_and_sees_every_instance():
         # The labels built from the inventory: model, GPU model (the stand-in's A10G), version.
         assert {(r["metric"]["model"], r["metric"]["vllm_version"]) for r in series} == {("tiny-llama", "0.32.0")}
         assert all("A10G" in r["metric"]["gpu_model"] for r in series), series
+    # The runtime-OOM counter read vllm-2's journal with the engine death in it: a death is not an OOM.
+    ooms = wait_until(lambda: prometheus("query", "vllm_fleet_runtime_oom_total")["result"], 60, 5,
+                      "vllm-oom-counter's series in Prometheus")
+    assert {(r["metric"]["instance"], r["value"][1]) for r in ooms} == {(h + "-main", "0") for h in VLLM_HOSTS}, ooms
+    assert not [a for a in prometheus("alerts")["alerts"] if a["labels"]["alertname"] == "VllmRuntimeOutOfMemory"]
     up = wait_until(lambda: prometheus("query", 'haproxy_server_status{state="UP"} == 1')["result"], 30, 5,
                     "HAProxy's exporter in Prometheus")
     assert {r["metric"]["instance"] for r in up} == {h + "-main" for h in VLLM_HOSTS}, up

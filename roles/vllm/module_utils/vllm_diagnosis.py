@@ -31,8 +31,12 @@ from __future__ import annotations
 
 import re
 
-from ansible.module_utils.vllm_log import (EXCEPTION_PREFIX, FREE_MEMORY_REFUSAL, KV_REFUSAL, PROCESS_START, SIZE,
-                                           split_line, to_bytes)
+try:
+    from ansible.module_utils.vllm_log import (EXCEPTION_PREFIX, FREE_MEMORY_REFUSAL, KV_REFUSAL, PROCESS_START, SIZE,
+                                               split_line, to_bytes)
+except ImportError:  # on a vLLM host, beside vllm_log.py, for files/vllm-oom-counter
+    from vllm_log import (EXCEPTION_PREFIX, FREE_MEMORY_REFUSAL, KV_REFUSAL, PROCESS_START, SIZE,  # type: ignore
+                          split_line, to_bytes)
 
 # Advice names only variables that exist (tests/unit/test_vllm_diagnosis.py checks every name against the role's
 # defaults and the sizing filter's documented policy/workload keys).
