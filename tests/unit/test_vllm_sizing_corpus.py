@@ -28,8 +28,8 @@ def test_the_corpus_is_sized():
     assert len({log["model"] for _, log, _, _ in ROWS}) >= 15
     assert {log["tensor_parallel_size"] for _, log, _, _ in ROWS} >= {1, 2, 4, 8}
     assert any(log["pipeline_parallel_size"] > 1 for _, log, _, _ in ROWS)
-    assert {bench_budget.gpu_of(log)[0] for _, log, _, _ in ROWS} >= {"NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB",
-                                                                     "NVIDIA L40S"}
+    assert {bench_budget.gpu_of(log)[0] for _, log, _, _ in ROWS} >= {
+        "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S", "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
 
 
 @pytest.mark.parametrize("ident, log, plan, error", ROWS, ids=[row[0] for row in ROWS])
@@ -75,6 +75,7 @@ def test_version_rows_decide_whether_cuda_graphs_are_budgeted():
     assert old["budget_per_gpu"]["cuda_graph_bytes"] == 0  # captured after the KV cache, in the headroom
     assert 0.5 * GiB < new["budget_per_gpu"]["cuda_graph_bytes"] < 1.5 * GiB  # 0.19 estimated 0.84 GiB
     assert bench_budget.version_row("0.10.1.1") == "0.11.0" and bench_budget.version_row("0.19.0") == "0.19.0"
+    assert bench_budget.version_row("0.27.1") == "0.19.0"
 
 
 L40S = [dict(gpu("NVIDIA L40S", 46068, "8.9"), index=i) for i in range(8)]
