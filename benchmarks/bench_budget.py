@@ -49,14 +49,19 @@ NOT_SIZED = {
 # nvidia-smi totals (vllm-facts.md section 2) for logs that do not print vLLM's total.
 GPUS = {"A100 80GB": ("NVIDIA A100-SXM4-80GB", 81920, "8.0"), "A100 40GB": ("NVIDIA A100-SXM4-40GB", 40960, "8.0"),
         "A100": ("NVIDIA A100-SXM4-80GB", 81920, "8.0"), "H100": ("NVIDIA H100 80GB HBM3", 81559, "9.0"),
-        "H200": ("NVIDIA H200", 143771, "9.0"), "L40S": ("NVIDIA L40S", 46068, "8.9")}
+        "H200": ("NVIDIA H200", 143771, "9.0"), "L40S": ("NVIDIA L40S", 46068, "8.9"),
+        # No nvidia-smi total in its source: vLLM's printed 95.01 GiB (the bench sizes from the printed total anyway).
+        "RTX PRO 6000": ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97290, "12.0")}
+# What vLLM prints when it samples with its PyTorch top-k/top-p instead of FlashInfer's.
+NATIVE_SAMPLER = "Falling back to the PyTorch-native implementation of top-p & top-k sampling"
 # Within these bounds a plan is usable: never more than 3 % above what vLLM had, never more than 5 % off.
 OVER, OFF = 3.0, 5.0
 
 
 def version_row(version):
     """The version-table row whose budget behaves like this release: the newest row not after it (0.10 logs take
-    the oldest row, 0.11.0: the same profiling, no CUDA-graph budget)."""
+    the oldest row, 0.11.0: the same profiling, no CUDA-graph budget; the 0.27.1 log takes 0.19.0, and like 0.19 its
+    printed KV memory is the requested memory less weights, non-torch and activation, no CUDA-graph estimate)."""
     if not version:
         return None
     key = tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
@@ -80,8 +85,6 @@ def predict(log, measured=None):
         return None, NOT_SIZED[model]
     if model not in sz.shape._catalog():
         return None, "model not in the catalog"
-    if any("'enable_expert_parallel': True" in line for line in log["lines"]):
-        return None, "expert parallelism (--enable-expert-parallel): vllm_sizing plans tensor parallelism only"
     spec = gpu_of(log)
     if log["parsed"].get("kv_available_gib") is None or spec is None or log.get("gpu_memory_utilization") is None:
         return None, "no printed KV memory, GPU or utilization"
@@ -103,6 +106,10 @@ def predict(log, measured=None):
         if log.get(key):
             policy[key] = log[key]
     serve = {}
+    if any("'enable_expert_parallel': True" in line for line in log["lines"]):
+        serve["enable_expert_parallel"] = True
+    if any(NATIVE_SAMPLER in line for line in log["lines"]):
+        policy["flashinfer_sampler"] = False
     if log.get("dtype") == "float32":
         serve["dtype"] = "float32"
     entry = vs.vllm_model(model)

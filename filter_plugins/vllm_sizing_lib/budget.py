@@ -28,6 +28,11 @@ CUDA_GRAPH_MAX_CAPTURE = 512
 # indices for top-k/top-p (16 bytes a logit; 0.19 printed 3.7-4.0 x the float32 logits). The fused-MoE workspace
 # (one chunk of at most 16384 tokens x top-k x (gate/up + activation + down)) stays allocated through the sampler.
 SAMPLER_BYTES_PER_LOGIT = 16
+# Without FlashInfer (not installed, or VLLM_USE_FLASHINFER_SAMPLER=0) vLLM's PyTorch top-k/top-p
+# (v1/sample/ops/topk_topp_sampler.py apply_top_k_top_p) holds, when it scatters the sorted logits back: the
+# 16-bit logits, their float32 copy, the sorted copy and its int64 indices, the top-k mask (bool), the softmax of
+# the sorted logits and their cumulative sum (float32), the top-p mask (bool) and the scattered result (float32).
+NATIVE_SAMPLER_BYTES_PER_LOGIT = 2 + 4 + 4 + 8 + 1 + 4 + 4 + 1 + 4
 MOE_CHUNK_TOKENS = 16384
 EXTENSIBLE_MARGIN_FLOOR = 1 * GiB    # 0.34 extensible KV cache: margin max(1 GiB, 0.75 x activation peak)
 EXTENSIBLE_MARGIN_FRACTION = 0.75
@@ -62,12 +67,14 @@ def memory_budget(lay, ctx, seqs, weights=None):
     """Per-GPU memory budget: what vLLM subtracts from its share before the KV cache (weights: per GPU,
     to try another checkpoint)."""
     shape, policy, batched, row = lay["shape"], ctx["policy"], ctx["batched"], lay["row"]
+    expert_parallel = bool(ctx["serve"].get("enable_expert_parallel"))
     if weights is None:
-        weights = gpu_weight_bytes(shape, lay["tp"], lay["pp"])
+        weights = gpu_weight_bytes(shape, lay["tp"], lay["pp"], expert_parallel)
     weights = max(0, weights - int(ctx["serve"].get("cpu_offload_gb", 0) * GiB))
     activation = policy["activation_bytes"]
     if activation is None:
-        activation = _activation(shape, lay["tp"], lay["pp"], batched, seqs)
+        sampler = SAMPLER_BYTES_PER_LOGIT if policy["flashinfer_sampler"] else NATIVE_SAMPLER_BYTES_PER_LOGIT
+        activation = _activation(shape, lay["tp"], lay["pp"], batched, seqs, expert_parallel, sampler)
     graphs = policy["cuda_graph_bytes"]
     if graphs is None:
         graphs = _cuda_graphs(lay, seqs) if row["cuda_graph_budget"] or ctx["extensible"] else 0
@@ -96,17 +103,20 @@ def memory_budget(lay, ctx, seqs, weights=None):
             "kv_cache_bytes": max(kv, 0)}
 
 
-def _activation(shape, tp, pp, batched, seqs):
+def _activation(shape, tp, pp, batched, seqs, expert_parallel, sampler_bytes):
     """Peak torch memory of vLLM's profiling run on the busiest stage (see SAMPLER_BYTES_PER_LOGIT)."""
     dims, width = shape["dims"], shape["dtype_bytes"]
     attention = (dims["heads"] + 2 * dims["kv_heads"]) * dims["head_size"] // tp + 4 * dims["hidden"]
     # Dense MLP: gate/up output, activation output; with only MoE layers the workspace below is the MLP.
     mlp = 3 * dims["inter"] // tp if len(dims["moe_layers"]) < dims["layers"] else 0
     forward = batched * width * (attention + mlp)
-    sampler = seqs * dims["vocab"] * SAMPLER_BYTES_PER_LOGIT
+    sampler = seqs * dims["vocab"] * sampler_bytes
     moe = 0
     if dims["moe_layers"]:
-        moe = min(batched, MOE_CHUNK_TOKENS) * dims["topk"] * width * (3 * dims["moe_inter"] // tp + dims["hidden"])
+        # With expert parallelism each rank runs whole experts (full intermediate width) on every token's top-k
+        # slots, the other ranks' experts masked out by the expert map.
+        split = 1 if expert_parallel else tp
+        moe = min(batched, MOE_CHUNK_TOKENS) * dims["topk"] * width * (3 * dims["moe_inter"] // split + dims["hidden"])
     # Pipeline stages keep the received hidden states and residual of a whole batch.
     relay = 2 * batched * dims["hidden"] * width if pp > 1 else 0
     return max(forward, sampler) + moe + relay

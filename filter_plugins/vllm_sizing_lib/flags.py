@@ -42,6 +42,7 @@ FLAGS = {
     "cpu_offload_gb": {"flag": "--cpu-offload-gb", "kind": "value"},
     "enforce_eager": {"flag": "--enforce-eager", "kind": "bool"},
     "disable_custom_all_reduce": {"flag": "--disable-custom-all-reduce", "kind": "bool"},
+    "enable_expert_parallel": {"flag": "--enable-expert-parallel", "kind": "bool"},
     "enable_prefix_caching": {
         "flag": "--enable-prefix-caching", "kind": "bool",
         "false": {"0.19.0": "--no-enable-prefix-caching", "0.32.0": "--no-enable-prefix-caching",

@@ -41,6 +41,7 @@ POLICY = {
     "block_size": ("int", None, "KV block size"),
     "enforce_eager": ("bool", None, "CUDA graphs off"),
     "expandable_segments": ("bool", True, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+    "flashinfer_sampler": ("bool", True, "vLLM samples top-k/top-p with FlashInfer"),
     "activation_bytes": ("bytes", None, "measured activation peak per GPU"),
     "cuda_graph_bytes": ("bytes", None, "measured CUDA graph memory per GPU"),
     "non_torch_bytes": ("bytes", None, "measured non-torch memory per GPU"),

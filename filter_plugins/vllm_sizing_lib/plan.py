@@ -335,7 +335,7 @@ def _quantization_hint(ctx, result):
         quant = parse_quantization(config)
         variant = dict(shape, quantization=quant, modules=module_tensors(shape["dims"], quant, shape["dtype_bytes"]),
                        weight_bytes=(0, "estimated"))
-        smaller = gpu_weight_bytes(variant, lay["tp"], lay["pp"])
+        smaller = gpu_weight_bytes(variant, lay["tp"], lay["pp"], bool(ctx["serve"].get("enable_expert_parallel")))
         kv = memory_budget(lay, ctx, result["max_num_seqs"], smaller)["kv_cache_bytes"]
         if fitting_max_len(lay, kv, ctx["target_len"]) >= ctx["floor_len"]:
             held = kv_capacity(lay, kv, ctx["p99"] or ctx["floor_len"])

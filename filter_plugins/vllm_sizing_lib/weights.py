@@ -217,13 +217,18 @@ def _shard(k, n, shard, tp, dims):
     return k, n
 
 
-def _stage_weights(shape, tp, pp):
-    """Estimated weight bytes on the GPU of each pipeline stage (one tensor-parallel rank), from the modules."""
+def _stage_weights(shape, tp, pp, ep=False):
+    """Estimated weight bytes on the GPU of each pipeline stage (one tensor-parallel rank), from the modules.
+    ep: expert parallelism (--enable-expert-parallel): a rank holds whole experts instead of a slice of each;
+    vLLM's determine_expert_map gives the first experts % tp ranks one more, so the busiest holds the ceiling."""
     dims, quant, dtype_bytes = shape["dims"], shape["quantization"], shape["dtype_bytes"]
     stages = pp_stages(dims["layers"], pp)
     totals = [rotary_bytes(shape)] * pp
     for layers, name, k, n, count, shard, kind, quantized in shape["modules"]:
-        k, n = _shard(k, n, shard, tp, dims)
+        if ep and kind == "experts":
+            count = cdiv(count, tp)
+        else:
+            k, n = _shard(k, n, shard, tp, dims)
         if quantized and kind == "experts" and quant["method"] == "mxfp4":
             # Padded for the MoE kernel (Marlin, TRT-LLM: hidden to 256, intermediate to 128); the lighter
             # padding of other kernels is within this.
@@ -276,10 +281,10 @@ def rotary_bytes(shape):
     return sum(shape["rotary_positions"]) * (shape["dims"]["rotary"] or 0) * shape["dtype_bytes"]
 
 
-def gpu_weight_bytes(shape, tp, pp):
-    """Weight bytes on the busiest GPU: the largest stage of one rank; a given total is split like the estimate,
-    plus the RoPE caches it does not hold."""
-    stages = _stage_weights(shape, tp, pp)
+def gpu_weight_bytes(shape, tp, pp, ep=False):
+    """Weight bytes on the busiest GPU: the largest stage of one rank (ep: expert parallelism); a given total is
+    split like the estimate, plus the RoPE caches it does not hold."""
+    stages = _stage_weights(shape, tp, pp, ep)
     total, how = shape["weight_bytes"]
     if how.startswith("estimated"):
         return max(stages)

@@ -57,6 +57,7 @@ def test_booleans_and_negative_forms_per_version(plan):
     assert "--no-enable-prefix-caching" in vllm_serve_args(old, {"enable_prefix_caching": False})
     assert "--enable-prefix-caching" in vllm_serve_args(old, {"enable_prefix_caching": True})
     assert "--trust-remote-code" not in vllm_serve_args(plan, {"trust_remote_code": False})
+    assert "--enable-expert-parallel" in vllm_serve_args(plan, {"enable_expert_parallel": True})
 
 
 def test_dict_renders_as_json(plan):

@@ -26,9 +26,10 @@ def test_the_corpus_is_sized():
     assert all(why for _, why in SKIPPED)
     # What the sized part covers: models, tensor and pipeline parallel sizes, GPUs.
     assert len({log["model"] for _, log, _, _ in ROWS}) >= 15
-    assert {log["tensor_parallel_size"] for _, log, _, _ in ROWS} >= {1, 2, 4}
+    assert {log["tensor_parallel_size"] for _, log, _, _ in ROWS} >= {1, 2, 4, 8}
     assert any(log["pipeline_parallel_size"] > 1 for _, log, _, _ in ROWS)
-    assert {bench_budget.gpu_of(log)[0] for _, log, _, _ in ROWS} >= {"NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"}
+    assert {bench_budget.gpu_of(log)[0] for _, log, _, _ in ROWS} >= {
+        "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S", "NVIDIA RTX PRO 6000 Blackwell Server Edition"}
 
 
 @pytest.mark.parametrize("ident, log, plan, error", ROWS, ids=[row[0] for row in ROWS])
@@ -74,6 +75,47 @@ def test_version_rows_decide_whether_cuda_graphs_are_budgeted():
     assert old["budget_per_gpu"]["cuda_graph_bytes"] == 0  # captured after the KV cache, in the headroom
     assert 0.5 * GiB < new["budget_per_gpu"]["cuda_graph_bytes"] < 1.5 * GiB  # 0.19 estimated 0.84 GiB
     assert bench_budget.version_row("0.10.1.1") == "0.11.0" and bench_budget.version_row("0.19.0") == "0.19.0"
+    assert bench_budget.version_row("0.27.1") == "0.19.0"
+
+
+L40S = [dict(gpu("NVIDIA L40S", 46068, "8.9"), index=i) for i in range(8)]
+QWEN3_235B_FP8 = "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8"
+
+
+def test_expert_parallelism_holds_whole_experts():
+    """--enable-expert-parallel: a rank holds experts // TP whole experts (the first experts % TP ranks one more)
+    instead of a 1/TP slice of every expert; the other weights are still split by tensor parallelism."""
+    shape = sz.shape.model_shape(vs.vllm_model(QWEN3_235B_FP8))
+    only = dict(shape, modules=[m for m in shape["modules"] if m[6] == "experts"])
+    rope = sz.weights.rotary_bytes(shape)
+    experts = sz.weights.gpu_weight_bytes(only, 1, 1) - rope
+    # 128 experts over 8 ranks: 16 whole experts.
+    assert sz.weights.gpu_weight_bytes(only, 8, 1, True) - rope == experts // 8
+    # 128 experts over 3 ranks: the busiest holds 43 (not 128 / 3).
+    assert sz.weights.gpu_weight_bytes(only, 3, 1, True) - rope == experts // 128 * 43
+    dense = dict(shape, modules=[m for m in shape["modules"] if m[6] != "experts"])
+    assert sz.weights.gpu_weight_bytes(dense, 8, 1, True) == sz.weights.gpu_weight_bytes(dense, 8, 1)
+
+
+def test_expert_parallelism_and_the_pytorch_sampler_in_the_activation_peak():
+    """The L40S start (vLLM 0.10.2, TP 8 with --enable-expert-parallel, no FlashInfer) printed a 1.4 GiB activation
+    peak: the fused-MoE workspace runs whole experts (full intermediate width) and the PyTorch top-k/top-p sampler
+    holds 32 bytes a logit where FlashInfer's holds 16."""
+    base = {"gpu_memory_utilization": 0.9, "tensor_parallel_size": 8, "allow_tensor_parallel": False,
+            "vllm_version": "0.11.0", "max_num_batched_tokens": 2048, "max_num_seqs": 256, "strict": False}
+    model = vs.vllm_model(QWEN3_235B_FP8)
+
+    def activation(**policy):
+        plan = vs.vllm_sizing(L40S, model, {"max_context": 32768}, dict(base, **policy))
+        return plan["budget_per_gpu"]["activation_peak_bytes"]
+
+    flash, native = activation(), activation(flashinfer_sampler=False)
+    assert native - flash == 256 * 151936 * (32 - 16)
+    ep = activation(flashinfer_sampler=False, serve_options={"enable_expert_parallel": True})
+    assert ep - native == 2048 * 8 * 2 * 3 * 1536 * 7 // 8  # gate/up, activation and down at full width
+    assert 1.40 * GiB < ep < 1.45 * GiB  # printed: 1.4 GiB
+    with pytest.raises(AnsibleFilterError, match="policy.flashinfer_sampler must be true or false"):
+        activation(flashinfer_sampler="no")
 
 
 # --- Quantized checkpoints ------------------------------------------------------------------------------------------
