@@ -162,7 +162,11 @@ def test_stop_file_and_sigterm_end_the_run(server, tmp_path):
         proc = subprocess.Popen([sys.executable, str(LOADGEN), url(server), "--clients", "2", "--duration", "600",
                                  "--pause", "0.05", "--stop-file", str(stop), "--report", str(report)],
                                 stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)
+        # Stop once it has sent something (on a loaded machine the interpreter alone can take over a second).
+        before = server.counts["plain"] + server.counts["stream"]
+        deadline = time.monotonic() + 30
+        while server.counts["plain"] + server.counts["stream"] == before and time.monotonic() < deadline:
+            time.sleep(0.1)
         if how == "stop file":
             stop.touch()
         else:
