@@ -46,13 +46,14 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vllm_diagnosis import diagnose
 from ansible.module_utils.vllm_http import http
+from ansible.module_utils.vllm_systemd import parse_show, show_command
 
 
 def unit_state(module, unit):
-    _rc, out, _err = module.run_command(
-        ["systemctl", "show", unit, "-p", "ActiveState,SubState,Result,NRestarts,ExecMainStatus,"
-         "ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic"])
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    _rc, out, _err = module.run_command(show_command(unit, (
+        "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "ExecMainStartTimestampMonotonic",
+        "ActiveEnterTimestampMonotonic")))
+    return parse_show(out)
 
 
 def main():
