@@ -12,15 +12,20 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "vllm-logs")
 sys.path.insert(0, os.path.join(ROOT, "roles", "vllm", "module_utils"))
 import vllm_log  # noqa: E402
+import vllm_metrics  # noqa: E402
+import vllm_systemd  # noqa: E402
 
 # What Ansible resolves the role's `ansible.module_utils.vllm_log` import to.
 sys.modules.setdefault("ansible.module_utils.vllm_log", vllm_log)
 import vllm_diagnosis  # noqa: E402
 
+for _name, _module in (("vllm_diagnosis", vllm_diagnosis), ("vllm_metrics", vllm_metrics),
+                       ("vllm_systemd", vllm_systemd)):
+    sys.modules.setdefault("ansible.module_utils." + _name, _module)
+
 
 def load_module(name):
-    """Import a role module file; its `ansible.module_utils.vllm_diagnosis` import resolves to the role's copy."""
-    sys.modules.setdefault("ansible.module_utils.vllm_diagnosis", vllm_diagnosis)
+    """Import a role module file; its `ansible.module_utils.*` imports resolve to the role's copies."""
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "roles", "vllm", "library", name + ".py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -53,6 +58,8 @@ CASES = {
     "tpu-inference-223-models-s.log": ("startup_kv_cache", {"max_model_len": 131072, "needed_gib": 16.0,
                                                             "available_gib": 0.71, "estimated_max_model_len": 5632}),
     "cpu032-no-cache-memory.log": ("no_cache_memory", {}),
+    # A clean stop (SIGTERM, as systemd stops the unit): vLLM's teardown prints EngineDeadError after it.
+    "cpu032-sigterm-stop.log": ("none", {}),
     "v034-no-cache-memory-autofit.log": ("no_cache_memory", {}),
     "vllm-2248-no-cache-v0.log": ("no_cache_memory", {}),
     # Another process holds the GPU: with and without the device, and 0.34's external-weights wording.
@@ -141,6 +148,23 @@ def test_an_old_engine_death_does_not_mask_todays_refused_start():
     assert found["kind"] == "startup_kv_cache"
     assert [f["kind"] for f in found["failures"]] == ["engine_dead", "startup_kv_cache"]
     assert diagnose("cpu032-engine-dead.log", "v034-gpu-busy.log")["kind"] == "gpu_busy_at_start"
+
+
+def test_a_clean_stop_is_not_an_engine_death_and_a_death_still_is():
+    stop = log("cpu032-sigterm-stop.log")
+    # Without the stop's first line, the same EngineDeadError reads as a death: the stop is what tells them apart.
+    assert "AsyncLLM output_handler failed." in stop
+    assert vllm_diagnosis.diagnose(stop.replace("API server: shutdown triggered", ""))["kind"] == "engine_dead"
+    # systemd's own line, which comes first in the journal (journalctl -u, what vllm_diagnose reads), says it too.
+    lines = stop.splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if "API server: shutdown triggered" in line)
+    lines[first] = "Stopping vllm@main.service - vLLM inference server (instance main)...\n"
+    assert vllm_diagnosis.diagnose("".join(lines))["kind"] == "none"
+    # A death while serving, before a stop, is still a death; one after the restart that followed the stop too.
+    found = diagnose("serving-start.log", "cpu032-engine-dead.log", "cpu032-sigterm-stop.log")
+    assert found["kind"] == "engine_dead" and len(found["failures"]) == 1
+    found = diagnose("cpu032-sigterm-stop.log", "systemd-restart.log", "serving-start.log", "cpu032-engine-dead.log")
+    assert found["kind"] == "engine_dead" and len(found["failures"]) == 1
 
 
 def test_one_failure_with_its_consequences_is_one_failure():

@@ -4,6 +4,7 @@ for the next one (pytest runs them in file order)."""
 import glob
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -305,7 +306,104 @@ def test_9_a_roll_starts_a_host_whose_start_limit_is_spent():
         sh(host, f"rm -rf {dropin} && systemctl daemon-reload")
 
 
-def test_10_stop_leaves_no_process_behind():
+def agent(host, instance="main"):
+    """What the host's vllm-watchdog answers HAProxy's agent-check, asked from the balancer as HAProxy asks it."""
+    return sh("balancer-1", f"exec 3<>/dev/tcp/{host}/8990 && printf '{instance}\\n' >&3 && cat <&3").stdout
+
+
+def engine_core(host, signal):
+    sh(host, f"kill -{signal} $(pgrep -f '^VLLM::EngineCore')")
+
+
+def generated(host):
+    """vllm:generation_tokens_total of the host's instance, as its /metrics says."""
+    text = http(host, "/metrics", key=None)[1]
+    return float(re.search(r"^vllm:generation_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M).group(1))
+
+
+def watchdog_journal(host, since):
+    return sh(host, f"journalctl -t vllm-watchdog --since '{since}' --no-pager -o cat").stdout
+
+
+def test_10_a_wedged_engine_leaves_rotation_within_seconds_and_the_watchdog_restarts_it(tmp_path):
+    """SIGSTOP on one backend's EngineCore under load: /health stays 200, but its watchdog says "down" to HAProxy's
+    agent-check; playbooks/watchdog.yml restarts it through the roll's runbook and it comes back UP. Only requests
+    sent to the wedged engine before it left rotation may fail; they are counted and reported."""
+    host, server = "vllm-1", "vllm-1-main"
+    assert agent(host) == "up\n"
+    pid = unit_props(host, UNIT, "MainPID")["MainPID"]
+    since = sh(host, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
+    try:
+        with Load(str(tmp_path), "wedge") as load:
+            engine_core(host, "STOP")
+            stopped = time.time()
+            wait_until(lambda: server_states().get(server) == "DOWN", 10, 0.5, "HAProxy to take the wedged server out")
+            out = time.time()
+            assert healthy(host)  # the blind spot: /health still 200
+            reply = agent(host)
+            run = playbook("playbooks/watchdog.yml")
+    finally:
+        if server_states().get(server) != "UP":  # failed: let the next tests find a serving fleet
+            engine_core(host, "CONT")
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert server_states()[server] == "UP" and unit_props(host, UNIT, "MainPID")["MainPID"] != pid
+    assert agent(host) == "up\n"
+    journal = watchdog_journal(host, since)
+    print(f"\nout of rotation {out - stopped:.1f} s after SIGSTOP; agent said {reply.strip()!r}\n{journal}")
+    assert reply.startswith("down #wedged: ")
+    assert "main: WEDGED (MainPID " in journal and f"restarting {host}" in journal and f"restarted {host}" in journal
+    with open(load.events_file) as f:
+        records = [json.loads(line) for line in f]
+    failed = [r for r in records if not r["ok"]]
+    # Requests that hung on the wedged engine (sent there between the SIGSTOP and its leaving rotation) end when it
+    # is stopped: HAProxy sends the non-streaming ones again, elsewhere; a stream that had started cannot be.
+    hung = [r for r in records if r["start"] < out + 1 and r["end"] - r["start"] > 5]
+    print(f"load {load.report['totals']}; {len(hung)} request(s) hung on the wedged engine, {len(failed)} failed: "
+          f"{[r.get('error') for r in failed]}")
+    assert all(r["start"] < out + 1 and r["end"] > out for r in failed), failed
+    assert len(failed) <= len(hung)
+
+
+def test_11_busy_servers_are_left_alone_and_a_wedge_without_capacity_waits(tmp_path):
+    """A busier load (counters advancing on every server) never makes a watchdog say "down". Then vllm-1 and vllm-2
+    wedge: one run restarts at most one host, and with rolling_restart_min_healthy 2 even that one would leave too
+    few servers UP, so it says "not restarting: capacity" and restarts nothing."""
+    since = sh("vllm-1", "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
+    pids = {h: unit_props(h, UNIT, "MainPID")["MainPID"] for h in VLLM_HOSTS}
+    with Load(str(tmp_path), "busy", clients=3, pause=0.2):
+        before = {h: generated(h) for h in VLLM_HOSTS}
+        for _ in range(15):  # three times the stall threshold
+            assert all_up() and all(agent(h) == "up\n" for h in VLLM_HOSTS)
+            time.sleep(1)
+        after = {h: generated(h) for h in VLLM_HOSTS}
+    print(f"\ngenerated tokens before and after 15 s of busy load: {before} {after}")
+    for h in VLLM_HOSTS:
+        assert after[h] > before[h]  # the counters moved: busy, and left alone
+        assert "WEDGED" not in watchdog_journal(h, since)
+    quiet = playbook("playbooks/watchdog.yml")
+    assert quiet.returncode == 0 and "No wedged vLLM instance" in quiet.stdout, quiet.stdout[-3000:]
+
+    try:
+        engine_core("vllm-1", "STOP")
+        time.sleep(2)
+        engine_core("vllm-2", "STOP")
+        wait_until(lambda: server_states().get("vllm-1-main") == server_states().get("vllm-2-main") == "DOWN", 20,
+                   0.5, "both wedged servers out of rotation")
+        run = playbook("playbooks/watchdog.yml", "-e", "rolling_restart_min_healthy=2")
+        assert run.returncode == 0, run.stdout[-3000:]
+        assert "not restarting: capacity" in run.stdout and "rolling_restart_min_healthy is 2" in run.stdout
+        assert "not restarting: capacity" in watchdog_journal("vllm-1", since)
+        assert "one wedged host at a time fleet-wide" in watchdog_journal("vllm-2", since)
+        assert {h: unit_props(h, UNIT, "MainPID")["MainPID"] for h in VLLM_HOSTS} == pids  # nothing restarted
+    finally:
+        engine_core("vllm-1", "CONT")
+        engine_core("vllm-2", "CONT")
+    # Its engine moves again: the watchdog says so and HAProxy takes it back, with nobody restarting anything.
+    wait_until(all_up, 60, 1, "both servers UP again once their engines run")
+    assert "progressing again" in watchdog_journal("vllm-1", since)
+
+
+def test_12_stop_leaves_no_process_behind():
     """Last, as nothing needs the host afterwards: a stop ends every process of the unit (API server, EngineCore,
     worker), so nothing is left holding the GPU for the next start."""
     host = "vllm-3"

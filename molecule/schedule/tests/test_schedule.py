@@ -66,3 +66,29 @@ def test_a_run_while_another_roll_holds_the_lock_skips():
         assert reports() == before
     finally:
         sh(HOST, "systemctl stop manual-roll", check=False)
+
+
+def test_the_watchdog_service_runs_its_playbook_under_the_same_lock():
+    """vllm-fleet-watchdog.service (from the same template as the roll's) runs playbooks/watchdog.yml; nothing is
+    wedged in this inventory, so it restarts nothing. While a roll holds the lock it skips, as the roll does."""
+    service = "vllm-fleet-watchdog.service"
+    assert sh(HOST, "systemctl is-enabled vllm-fleet-watchdog.timer", check=False).stdout.strip() == "disabled"
+    sh(HOST, f"systemd-analyze verify /etc/systemd/system/{service} /etc/systemd/system/vllm-fleet-watchdog.timer")
+    since = cursor()
+    started = sh(HOST, f"systemctl start {service}", check=False, timeout=300)
+    log = sh(HOST, f"journalctl -u {service} --after-cursor '{since}' --no-pager -o cat").stdout
+    print(log[-1500:])
+    assert started.returncode == 0, log[-3000:]
+    assert unit_props(HOST, service, "Result", "ExecMainStatus") == {"Result": "success", "ExecMainStatus": "0"}
+    assert "PLAY [Find the wedged vLLM instances]" in log and "PLAY RECAP" in log
+    sh(HOST, f"systemd-run --unit=manual-roll-2 flock {LOCK} sleep 300")
+    try:
+        wait_until(lambda: sh(HOST, f"flock -n {LOCK} true", check=False).returncode != 0, 20, 0.2,
+                   "the manual roll to hold the lock")
+        since = cursor()
+        sh(HOST, f"systemctl start {service}", timeout=120)
+        assert unit_props(HOST, service, "ExecMainStatus") == {"ExecMainStatus": "75"}
+        assert "failed to get lock" in sh(HOST, f"journalctl -u {service} --after-cursor '{since}' --no-pager "
+                                                "-o cat").stdout
+    finally:
+        sh(HOST, "systemctl stop manual-roll-2", check=False)

@@ -49,24 +49,12 @@ metrics: {description: the vLLM metrics read, type: dict, returned: always}
 unit: {description: "ActiveState, Result and NRestarts of the unit", type: dict, returned: always}
 """
 
-import re
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vllm_diagnosis import diagnose
-
-METRICS = ("vllm:kv_cache_usage_perc", "vllm:num_preemptions_total", "vllm:num_requests_running",
-           "vllm:num_requests_waiting")
-
-
-def parse_metrics(text):
-    """Sum each wanted metric over its label sets (one engine per instance in practice)."""
-    found = {}
-    for line in text.splitlines():
-        match = re.match(r"^([a-z_:]+)(\{[^}]*\})? ([0-9.eE+-]+|NaN)$", line)
-        if match and match.group(1) in METRICS and match.group(3) != "NaN":
-            found[match.group(1)] = found.get(match.group(1), 0.0) + float(match.group(3))
-    return found
+from ansible.module_utils.vllm_metrics import ACTIVE, PRESSURE, parse_metrics
+from ansible.module_utils.vllm_systemd import parse_show, show_command
 
 
 def pressure_finding(metrics):
@@ -92,15 +80,15 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    _rc, out, _err = module.run_command(["systemctl", "show", p["unit"], "-p", "ActiveState,Result,NRestarts"])
-    unit = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    _rc, out, _err = module.run_command(show_command(p["unit"], ("ActiveState", "Result", "NRestarts")))
+    unit = parse_show(out)
     # short-iso: every line, systemd's own included, carries its date and time.
     _rc, journal, _err = module.run_command(
         ["journalctl", "-u", p["unit"], "--since", p["since"], "--no-pager", "-o", "short-iso"])
     metrics = {}
     try:
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % p["port"], timeout=10) as resp:
-            metrics = parse_metrics(resp.read().decode(errors="replace"))
+            metrics = parse_metrics(resp.read().decode(errors="replace"), ACTIVE + PRESSURE)
     except OSError:
         pass  # a dead or stopped server has no metrics; the journal still tells
     found = diagnose(journal)

@@ -64,13 +64,14 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vllm_diagnosis import diagnose
 from ansible.module_utils.vllm_http import http
 from ansible.module_utils.vllm_log import startup_report
+from ansible.module_utils.vllm_systemd import parse_show, show_command
 
 
 def unit_state(module, unit):
-    _rc, out, _err = module.run_command(
-        ["systemctl", "show", unit, "-p", "ActiveState,SubState,Result,NRestarts,ExecMainStatus,"
-         "ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic,InvocationID,ExecMainStartTimestamp"])
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    _rc, out, _err = module.run_command(show_command(unit, (
+        "ActiveState", "SubState", "Result", "NRestarts", "ExecMainStatus", "ExecMainStartTimestampMonotonic",
+        "ActiveEnterTimestampMonotonic", "InvocationID", "ExecMainStartTimestamp")))
+    return parse_show(out)
 
 
 def first_lines(invocation, count):

