@@ -9,7 +9,7 @@ export VLLM_FLEET_PROMETHEUS_TOOLS ?= $(VLLM_FLEET_CACHE)/prometheus-tools
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PLAYBOOKS := $(wildcard playbooks/*.yml)
-SCENARIOS := balancer schedule fleet
+SCENARIOS := balancer schedule driver fleet
 
 .PHONY: help venv host image wheelhouse controller-vllm models controller-check fleet-deps prometheus-tools lint unit check oracle molecule \
 	test demo bench clean

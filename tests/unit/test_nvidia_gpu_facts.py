@@ -347,7 +347,7 @@ def test_standin_rejects_unknown_field_and_option():
 
 def test_standin_no_devices(tmp_path):
     fixture = tmp_path / "none.json"
-    fixture.write_text(json.dumps({"gpus": []}))
+    fixture.write_text(json.dumps({"driver_version": "550.144.03", "gpus": []}))
     result = run_standin(m.gpu_query_command("nvidia-smi")[1:], fixture)
     assert (result.returncode, result.stdout) == (6, "No devices were found\n")
 
@@ -423,3 +423,47 @@ def test_argument_specs_match_defaults():
         assert spec.get("default") == defaults[name], name
     for name, spec in specs["facts"]["options"].items():
         assert spec == {**main[name], "description": spec["description"]}, name
+
+
+# A host described by its hardware only: the driver version is the loaded module's, as on a real host.
+HARDWARE_ONLY = {"gpus": [{"index": 0, "name": "NVIDIA A10G", "uuid": "GPU-5e8f3f2a-2b8e-4c2e-9a43-0c1e6a7b9d01",
+                           "memory_total_mib": 23028, "memory_used_mib": 0, "compute_capability": "8.6",
+                           "mig_mode": None, "minor_number": 0}]}
+QUERY = ["--query-gpu=" + ",".join(m.GPU_QUERY_FIELDS), m.CSV_FORMAT]
+
+
+def run_packaged_standin(tmp_path, loaded, library_version=None):
+    """The stand-in as the driver scenario's packages install it: LIBRARY_VERSION set, the module in sysfs."""
+    fixture = tmp_path / "host.json"
+    fixture.write_text(json.dumps(HARDWARE_ONLY))
+    standin = tmp_path / "nvidia-smi"
+    text = STANDIN.read_text()
+    if library_version:
+        text = text.replace("\nLIBRARY_VERSION = None\n", "\nLIBRARY_VERSION = %r\n" % library_version)
+    standin.write_text(text)
+    standin.chmod(0o755)
+    sysfs = tmp_path / "sys"
+    if loaded:
+        (sysfs / "module" / "nvidia").mkdir(parents=True)
+        (sysfs / "module" / "nvidia" / "version").write_text(loaded + "\n")
+    env = dict(os.environ, NVIDIA_SMI_STANDIN=str(fixture), NVIDIA_SMI_STANDIN_SYSFS=str(sysfs))
+    return subprocess.run([str(standin)] + QUERY, capture_output=True, text=True, env=env, check=False)
+
+
+def test_standin_reports_the_loaded_module_version(tmp_path):
+    out = run_packaged_standin(tmp_path, loaded="550.144.03", library_version="550.144.03")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout == "0, NVIDIA A10G, GPU-5e8f3f2a-2b8e-4c2e-9a43-0c1e6a7b9d01, 23028, 0, 550.144.03, 8.6, [N/A], 0\n"
+    assert m.parse_gpu_csv(out.stdout)[0]["driver_version"] == "550.144.03"
+
+
+def test_standin_without_a_loaded_module_fails_like_nvidia_smi(tmp_path):
+    out = run_packaged_standin(tmp_path, loaded=None, library_version="550.144.03")
+    assert out.returncode == 9 and out.stdout.startswith("NVIDIA-SMI has failed because it couldn't communicate")
+
+
+def test_standin_after_an_upgrade_without_reboot_reports_the_mismatch(tmp_path):
+    out = run_packaged_standin(tmp_path, loaded="550.127.08", library_version="550.144.03")
+    assert out.returncode == 18
+    assert out.stdout == "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 550.144\n"
+    assert "driver/library version mismatch" in m.RC_HINTS[18]

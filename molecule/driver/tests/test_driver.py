@@ -1,0 +1,147 @@
+"""The nvidia_gpu role's driver install, after converge (and idempotence) left both GPU hosts with the driver
+installed from repo-1's repository and a reboot pending. In order: what is configured and installed, the pending
+reboot, a "reboot" (the module appears in sysfs) and the converge that finishes the job and then does nothing, a
+driver change that waits while vLLM runs and applies once it is stopped (as in the rolling restart), and a clear
+failure when a GPU is missing."""
+import re
+
+from fleet import playbook, sh
+
+CONVERGE = "molecule/driver/converge.yml"
+REPO = "http://repo-1/compute/cuda/repos/debian12/x86_64/"
+KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
+SOURCE = "/etc/apt/sources.list.d/cuda-debian12-x86_64.list"
+PENDING = "/run/nvidia-gpu-reboot-pending"
+# converge.yml: the newest of branch 550 on the A10G host (560.35.03 is in the repository too), an exact older
+# version on the HGX host.
+WANTED = {"gpu-a10g": "550.144.03", "gpu-hgx": "550.127.08"}
+GPUS = {"gpu-a10g": ["NVIDIA A10G"], "gpu-hgx": ["NVIDIA H100 80GB HBM3"] * 8}
+DRIVER_PACKAGES = {"cuda-drivers-550", "nvidia-driver", "nvidia-smi", "nvidia-kernel-dkms", "nvidia-persistenced"}
+
+
+def version(host, package):
+    out = sh(host, f"dpkg-query --showformat='${{db:Status-Status}} ${{Version}}' --show {package}", check=False)
+    return out.stdout.split()[1] if out.stdout.startswith("installed ") else None
+
+
+def recap(out, host):
+    match = re.search(rf"{host} : ok=(\d+) changed=(\d+) unreachable=(\d+) failed=(\d+)", out.stdout)
+    assert match, out.stdout[-3000:]
+    return {"ok": int(match[1]), "changed": int(match[2]), "failed": int(match[4])}
+
+
+def query_gpus(host):
+    return sh(host, "nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader,nounits", check=False)
+
+
+def test_repository_and_key_come_from_the_keyring_package():
+    fingerprint = sh("repo-1", "cat /srv/nvidia-repo/fingerprint").stdout.strip()
+    for host in WANTED:
+        assert sh(host, f"cat {SOURCE}").stdout.strip() == f"deb [signed-by={KEYRING}] {REPO} /"
+        assert sh(host, f"dpkg-query --search {SOURCE} {KEYRING}").stdout.split(":")[0] == "cuda-keyring"
+        # apt fetched the signed index and checked it with that key only.
+        check = sh(host, f"gpgv --keyring {KEYRING} /var/lib/apt/lists/repo-1_*InRelease 2>&1")
+        assert "Good signature" in check.stdout and fingerprint in check.stdout.replace(" ", ""), check.stdout
+        update = sh(host, "apt-get update 2>&1")
+        assert REPO in update.stdout and not re.search(r"NO_PUBKEY|not signed|W: ", update.stdout), update.stdout
+
+
+def test_driver_is_installed_at_the_wanted_version_pinned_and_held():
+    for host, wanted in WANTED.items():
+        for package in DRIVER_PACKAGES:
+            assert version(host, package) == f"{wanted}-1", (host, package)
+        held = set(sh(host, "apt-mark showhold").stdout.split())
+        assert DRIVER_PACKAGES <= held, (host, held)
+        pin = sh(host, "cat /etc/apt/preferences.d/nvidia-gpu-driver").stdout
+        assert "Package: *nvidia* cuda-drivers*" in pin and "Pin-Priority: 1000" in pin
+        # Newer driver packages are right there: the pin keeps them out, and an upgrade moves nothing.
+        policy = sh(host, "apt-cache policy nvidia-smi").stdout
+        assert "560.35.03-1" in policy and f"Candidate: {wanted}-1" in policy, policy
+        upgrade = sh(host, "apt-get --simulate dist-upgrade").stdout
+        assert not re.search(r"^Inst (nvidia|cuda-drivers)", upgrade, re.M), upgrade
+    # Without the exact version, the pin is the branch.
+    assert "Pin: version 550.*" in sh("gpu-a10g", "cat /etc/apt/preferences.d/nvidia-gpu-driver").stdout
+    assert "Pin: version 550.127.08-*" in sh("gpu-hgx", "cat /etc/apt/preferences.d/nvidia-gpu-driver").stdout
+
+
+def test_fabric_manager_only_on_the_nvswitch_host_at_the_driver_version():
+    # 550.144.03 of Fabric Manager is in the repository: the driver's exact version was taken.
+    assert version("gpu-hgx", "nvidia-fabricmanager-550") == "550.127.08-1"
+    assert "nvidia-fabricmanager-550" in sh("gpu-hgx", "apt-mark showhold").stdout
+    assert sh("gpu-hgx", "systemctl is-enabled nvidia-fabricmanager").stdout.strip() == "enabled"
+    assert version("gpu-a10g", "nvidia-fabricmanager-550") is None
+    # DCGM, asked for on the HGX host only.
+    assert sh("gpu-hgx", "systemctl is-enabled nvidia-dcgm").stdout.strip() == "enabled"
+    assert version("gpu-a10g", "datacenter-gpu-manager") is None
+
+
+def test_nouveau_is_blacklisted_and_persistenced_enabled():
+    for host in WANTED:
+        blacklist = sh(host, "cat /etc/modprobe.d/blacklist-nouveau.conf").stdout
+        assert "blacklist nouveau" in blacklist and "options nouveau modeset=0" in blacklist
+        assert sh(host, "systemctl is-enabled nvidia-persistenced").stdout.strip() == "enabled"
+        exec_start = sh(host, "systemctl show -p ExecStart nvidia-persistenced").stdout
+        assert "--persistence-mode" in exec_start and "--no-persistence-mode" not in exec_start, exec_start
+
+
+def test_the_reboot_is_pending_and_nothing_is_started_before_it():
+    for host, wanted in WANTED.items():
+        assert sh(host, f"cat {PENDING}").stdout == f"installed={wanted}\nloaded=\n"
+        gpus = query_gpus(host)
+        assert gpus.returncode == 9 and "couldn't communicate with the NVIDIA driver" in gpus.stdout
+        assert sh(host, "systemctl is-active nvidia-persistenced", check=False).stdout.strip() == "inactive"
+
+
+def test_after_the_reboot_the_role_starts_the_services_and_checks_the_gpus():
+    for host, wanted in WANTED.items():
+        # What the reboot does here: the installed module is loaded. And the blacklist is gone, to see the
+        # initramfs rebuilt when the role puts it back.
+        sh(host, f"mkdir -p /sys/module/nvidia && echo {wanted} > /sys/module/nvidia/version"
+                 " && rm /etc/modprobe.d/blacklist-nouveau.conf")
+    out = playbook(CONVERGE)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert out.stdout.count("RUNNING HANDLER [nvidia_gpu : Update initramfs]") == 1
+    assert "RUNNING HANDLER [nvidia_gpu : Reboot to load the NVIDIA driver]" not in out.stdout
+    for host, wanted in WANTED.items():
+        assert sh(host, f"test -e {PENDING}", check=False).returncode == 1
+        assert sh(host, "systemctl is-active nvidia-persistenced").stdout.strip() == "active"
+        rows = [line.split(", ") for line in query_gpus(host).stdout.splitlines()]
+        assert [row[1] for row in rows] == GPUS[host] and {row[2] for row in rows} == {wanted}
+    assert sh("gpu-hgx", "systemctl is-active nvidia-fabricmanager nvidia-dcgm").stdout.split() == ["active"] * 2
+    assert "4 NVSwitch" in sh("gpu-hgx", "journalctl -u nvidia-fabricmanager -o cat").stdout
+
+    # The wanted driver installed and loaded: the next run does no package work and changes nothing.
+    again = playbook(CONVERGE)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert {host: recap(again, host)["changed"] for host in WANTED} == {"gpu-a10g": 0, "gpu-hgx": 0}
+    assert "TASK [nvidia_gpu : Install the driver packages]" not in again.stdout
+    assert "TASK [nvidia_gpu : Add NVIDIA's CUDA repository (cuda-keyring)]" not in again.stdout
+
+
+def test_a_driver_change_waits_while_vllm_serves_and_applies_once_it_is_stopped():
+    host, new = "gpu-a10g", "550.127.08"
+    sh(host, "printf '[Service]\\nExecStart=/bin/sleep infinity\\n' > /etc/systemd/system/vllm@.service"
+             " && systemctl daemon-reload && systemctl start vllm@main")
+    try:
+        out = playbook(CONVERGE, "--limit", host, "-e", f"nvidia_gpu_driver_version={new}")
+        assert out.returncode == 0, out.stdout[-3000:]
+        assert "but vllm@main.service use the GPUs (nvidia_gpu_busy_units): nothing changed" in out.stdout
+        assert recap(out, host)["changed"] == 0
+        assert version(host, "nvidia-smi") == "550.144.03-1"
+    finally:
+        # What the rolling restart does before it applies the driver (rolling_restart_apply_driver).
+        sh(host, "systemctl stop vllm@main")
+    out = playbook(CONVERGE, "--limit", host, "-e", f"nvidia_gpu_driver_version={new}")
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert {package: version(host, package) for package in DRIVER_PACKAGES} == dict.fromkeys(DRIVER_PACKAGES, new + "-1")
+    assert DRIVER_PACKAGES <= set(sh(host, "apt-mark showhold").stdout.split())
+    # The old module is still loaded: a reboot is needed, and nvidia-smi says why the GPUs cannot be read.
+    assert sh(host, f"cat {PENDING}").stdout == f"installed={new}\nloaded=550.144.03\n"
+    gpus = query_gpus(host)
+    assert gpus.returncode == 18 and "Driver/library version mismatch" in gpus.stdout
+
+
+def test_a_missing_gpu_fails_naming_the_host():
+    out = playbook(CONVERGE, "--limit", "gpu-hgx", "-e", "nvidia_gpu_expected_count=4")
+    assert out.returncode != 0
+    assert "gpu-hgx has 8 GPU(s), nvidia_gpu_expected_count is 4" in out.stdout, out.stdout[-3000:]
