@@ -6,9 +6,10 @@ for that plan.
 Documentation lives in the sidecar files next to this one (vllm_sizing.yml, vllm_kv_cache_bytes.yml,
 vllm_max_model_len.yml, vllm_serve_args.yml, vllm_model.yml, vllm_calibration_key.yml), so `ansible-doc -t filter
 NAME` shows it. The
-implementation is the package vllm_sizing_lib/ next to this file, one concern per module (see its __init__.py).
-Ansible loads filter plugins under names of its own, so the package is loaded here by its path, once per process,
-as `vllm_fleet_sizing`; it imports nothing from the rest of the project.
+implementation is the package plugin_utils/vllm_sizing/ of this checkout, one concern per module (see its
+__init__.py): outside filter_plugins/, whose subdirectories Ansible scans for plugins too. Ansible loads filter
+plugins under names of its own, so the package is loaded here by its path, once per process, as `vllm_fleet_sizing`;
+it imports nothing from the rest of the project.
 """
 
 import importlib.util
@@ -16,7 +17,7 @@ import os
 import sys
 
 _PACKAGE = "vllm_fleet_sizing"
-_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_sizing_lib")
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugin_utils", "vllm_sizing")
 
 
 def _module(name):
