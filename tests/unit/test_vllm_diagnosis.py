@@ -16,11 +16,13 @@ import vllm_log  # noqa: E402
 # What Ansible resolves the role's `ansible.module_utils.vllm_log` import to.
 sys.modules.setdefault("ansible.module_utils.vllm_log", vllm_log)
 import vllm_diagnosis  # noqa: E402
+import vllm_metrics  # noqa: E402
 
 
 def load_module(name):
     """Import a role module file; its `ansible.module_utils.vllm_diagnosis` import resolves to the role's copy."""
     sys.modules.setdefault("ansible.module_utils.vllm_diagnosis", vllm_diagnosis)
+    sys.modules.setdefault("ansible.module_utils.vllm_metrics", vllm_metrics)
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "roles", "vllm", "library", name + ".py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -49,24 +49,11 @@ metrics: {description: the vLLM metrics read, type: dict, returned: always}
 unit: {description: "ActiveState, Result and NRestarts of the unit", type: dict, returned: always}
 """
 
-import re
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vllm_diagnosis import diagnose
-
-METRICS = ("vllm:kv_cache_usage_perc", "vllm:num_preemptions_total", "vllm:num_requests_running",
-           "vllm:num_requests_waiting")
-
-
-def parse_metrics(text):
-    """Sum each wanted metric over its label sets (one engine per instance in practice)."""
-    found = {}
-    for line in text.splitlines():
-        match = re.match(r"^([a-z_:]+)(\{[^}]*\})? ([0-9.eE+-]+|NaN)$", line)
-        if match and match.group(1) in METRICS and match.group(3) != "NaN":
-            found[match.group(1)] = found.get(match.group(1), 0.0) + float(match.group(3))
-    return found
+from ansible.module_utils.vllm_metrics import parse_metrics
 
 
 def pressure_finding(metrics):
