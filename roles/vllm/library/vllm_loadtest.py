@@ -12,7 +12,7 @@ description:
     O(input_len) tokens and O(output_len) generated tokens each.
   - Reads C(/metrics) every O(sample_interval) seconds meanwhile (KV-cache usage, running and waiting requests,
     preemptions) and, afterwards, the unit's journal of the test window through the triage classifier (OOMs, engine
-    death).
+    death), and vLLM's own KV cache size (C(vllm:cache_config_info)).
   - The verdict (module_utils vllm_loadtest) holds when no request failed or timed out, the journal shows no OOM, no
     sequence was preempted or queued behind the KV cache at any concurrency up to the plan's max_num_seqs, and the
     p99 latencies at the workload's peak stayed within O(bounds).
@@ -46,7 +46,7 @@ options:
     default: 0
   stage_timeout: {description: seconds a stage may take before it is stopped and counted as failed, type: int,
                   default: 300}
-  sample_interval: {description: seconds between two reads of /metrics, type: float, default: 0.5}
+  sample_interval: {description: seconds between two reads of /metrics, type: float, default: 0.25}
   bounds:
     description: C(ttft_p99_ms), C(itl_p99_ms), C(max_kv_cache_usage) (0 means no bound).
     type: dict
@@ -82,6 +82,10 @@ verdict: {description: "passed, held_concurrency and broken limits (limit, stage
 started: {description: start of the test, UTC ISO 8601, type: str, returned: always}
 p99_context: {description: the context tested (prompt plus output tokens), type: int, returned: always}
 input_len: {description: prompt tokens of every request, type: int, returned: always}
+kv_cache_blocks: {description: KV cache blocks vLLM allocated (vllm:cache_config_info), type: int, returned: always}
+block_size: {description: vLLM's KV block size in tokens, type: int, returned: always}
+kv_capacity: {description: requests at p99_context the KV cache holds at once (null block excluded), type: int,
+              returned: always}
 output_len: {description: generated tokens of every request, type: int, returned: always}
 peak_concurrency: {description: the concurrency the latency bounds were checked at, type: int, returned: always}
 """
@@ -98,8 +102,8 @@ import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vllm_diagnosis import diagnose
-from ansible.module_utils.vllm_loadtest import bench_command, stage_summary, verdict
-from ansible.module_utils.vllm_metrics import parse_metrics
+from ansible.module_utils.vllm_loadtest import bench_command, kv_capacity, stage_summary, verdict
+from ansible.module_utils.vllm_metrics import metric_labels, parse_metrics
 
 OOM_KINDS = ("runtime_oom", "engine_dead", "startup_oom")
 
@@ -113,6 +117,16 @@ def read_metrics(port):
     return {"kv": found.get("vllm:kv_cache_usage_perc"), "running": found.get("vllm:num_requests_running"),
             "waiting": found.get("vllm:num_requests_waiting"),
             "preemptions": found.get("vllm:num_preemptions_total")}
+
+
+def cache_config(port):
+    """vLLM's own KV cache figures (vllm:cache_config_info): (blocks, block size), or (None, None)."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as resp:
+            labels = metric_labels(resp.read().decode(errors="replace"), "vllm:cache_config_info")
+        return int(labels["num_gpu_blocks"]), int(labels["block_size"])
+    except (OSError, KeyError, ValueError):
+        return None, None
 
 
 def run_stage(p, concurrency, workdir, start):
@@ -163,7 +177,7 @@ def main():
             requests_per_stage=dict(type="int", default=2), output_len=dict(type="int", default=128),
             p99_context=dict(type="int", default=0),
             peak_concurrency=dict(type="int", default=0), stage_timeout=dict(type="int", default=300),
-            sample_interval=dict(type="float", default=0.5), bounds=dict(type="dict", default={})),
+            sample_interval=dict(type="float", default=0.25), bounds=dict(type="dict", default={})),
         supports_check_mode=False,
     )
     p = module.params
@@ -179,6 +193,8 @@ def main():
     if p["input_len"] < 1 or min(levels) < 1 or p["output_len"] < 1:
         module.fail_json(msg="%s: nothing to test: prompts of %d tokens (p99 context %d minus %d generated), "
                              "concurrency %s" % (p["unit"], p["input_len"], context, p["output_len"], levels))
+    blocks, block_size = cache_config(p["port"])
+    capacity = kv_capacity(blocks, block_size, context)
     started = datetime.datetime.now(datetime.timezone.utc)
     start = time.time()
     workdir = tempfile.mkdtemp(prefix="vllm-loadtest-")
@@ -198,10 +214,12 @@ def main():
         ["journalctl", "-u", p["unit"], "--since", started.strftime("%Y-%m-%d %H:%M:%S UTC"), "--no-pager",
          "-o", "short-iso"])
     oom = [f["kind"] for f in diagnose(journal)["failures"] if f["kind"].startswith(OOM_KINDS)]
-    found = verdict(stages, oom, plan_args, context, p["peak_concurrency"], p["bounds"])
+    # -e key=value gives strings: the bounds are numbers (0 or empty: no bound).
+    bounds = {key: float(value or 0) for key, value in p["bounds"].items()}
+    found = verdict(stages, oom, plan_args, context, p["peak_concurrency"], bounds, capacity)
     module.exit_json(changed=False, started=started.strftime("%Y-%m-%dT%H:%M:%SZ"), stages=stages, samples=samples,
                      oom_failures=oom, plan=plan_args, verdict=found, p99_context=context,
-                     input_len=p["input_len"], output_len=p["output_len"], peak_concurrency=p["peak_concurrency"])
+                     kv_cache_blocks=blocks, block_size=block_size, kv_capacity=capacity, input_len=p["input_len"], output_len=p["output_len"], peak_concurrency=p["peak_concurrency"])
 
 
 if __name__ == "__main__":

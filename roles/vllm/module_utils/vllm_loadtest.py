@@ -72,25 +72,34 @@ def stage_summary(concurrency, result, samples, timed_out=False):
     return summary
 
 
-def _kv_bound(stage, max_num_seqs):
+def kv_capacity(num_blocks, block_size, context):
+    """Requests of `context` tokens the KV cache holds at once: vLLM's own block count (vllm:cache_config_info)
+    less the null block it reserves, in whole requests. None when the server did not say."""
+    if not num_blocks or not block_size or not context:
+        return None
+    return (num_blocks - 1) // -(-context // block_size)
+
+
+def _kv_bound(stage, max_num_seqs, capacity):
     """The KV cache did not hold the stage's sequences: vLLM preempted some, or kept requests waiting while it ran
-    fewer than the stage's concurrency (it admits a request only when the request's blocks are free)."""
+    fewer than the stage's concurrency and its cache holds fewer than that (a queue alone can also be the step's
+    token budget admitting one long prompt per step)."""
     if max_num_seqs and stage["concurrency"] > max_num_seqs:
         return False  # beyond the plan's own limit vLLM queues by design
-    return bool(stage["preemptions"] or (stage["sustained_waiting"]
-                                         and (stage["peak_running"] or 0) < stage["concurrency"]))
+    queued = stage["sustained_waiting"] and (stage["peak_running"] or 0) < stage["concurrency"]
+    return bool(stage["preemptions"] or (queued and (capacity is None or capacity < stage["concurrency"])))
 
 
 def _stage_text(stage):
     return "at concurrency %d" % stage["concurrency"]
 
 
-def verdict(stages, oom_failures, plan_args, p99_context, peak_concurrency, bounds):
+def verdict(stages, oom_failures, plan_args, p99_context, peak_concurrency, bounds, capacity=None):
     """Whether the instance held its plan, and for each limit that broke what to change.
 
     stages: stage_summary dicts, lowest concurrency first. oom_failures: the triage classifier's failures of the
     journal during the test (kinds). plan_args: the plan's engine_args. bounds: {"ttft_p99_ms", "itl_p99_ms",
-    "max_kv_cache_usage"} (0 or None: no bound).
+    "max_kv_cache_usage"} (0 or None: no bound). capacity: kv_capacity at p99_context from the server's metrics.
     Returns {"passed", "held_concurrency", "broken": [{"limit", "stage", "measured", "bound", "message", "fix"}]}.
     A broken limit named "max_num_seqs" carries "suggest_max_num_seqs", "runtime_oom" asks for
     vllm_policy.runtime_ooms: the caller re-plans with the sizing filter to show the plan change.
@@ -100,7 +109,7 @@ def verdict(stages, oom_failures, plan_args, p99_context, peak_concurrency, boun
     # The most sequences served together at p99 context with nothing preempted, queued behind the KV cache or failed.
     held = 0
     for stage in stages:
-        clean = stage["failed"] == 0 and not stage["timed_out"] and not _kv_bound(stage, max_num_seqs)
+        clean = stage["failed"] == 0 and not stage["timed_out"] and not _kv_bound(stage, max_num_seqs, capacity)
         if clean:
             held = max(held, min(stage["concurrency"], max_num_seqs or stage["concurrency"]))
         else:
@@ -121,7 +130,7 @@ def verdict(stages, oom_failures, plan_args, p99_context, peak_concurrency, boun
             "fix": "Set vllm_policy.runtime_ooms: true (utilization at most 0.85, no CUDA graphs) and apply it "
                    "with playbooks/rolling_restart.yml -e rolling_restart_apply_config=true."})
     for stage in stages:
-        if _kv_bound(stage, max_num_seqs):
+        if _kv_bound(stage, max_num_seqs, capacity):
             what = []
             if stage["preemptions"]:
                 what.append("%d preemptions" % stage["preemptions"])
@@ -132,9 +141,10 @@ def verdict(stages, oom_failures, plan_args, p99_context, peak_concurrency, boun
                 "limit": "max_num_seqs", "stage": stage["concurrency"], "measured": held,
                 "bound": max_num_seqs, "suggest_max_num_seqs": max(held, 1),
                 "message": "the KV cache did not hold %d sequences at p99 context %d (max_num_seqs %s): %s %s; "
-                           "KV cache up to %.0f%% used; it held %d" % (
+                           "KV cache up to %.0f%% used; it held %d%s" % (
                                stage["concurrency"], p99_context, max_num_seqs, " and ".join(what),
-                               _stage_text(stage), 100 * (stage["peak_kv_cache_usage"] or 0), held),
+                               _stage_text(stage), 100 * (stage["peak_kv_cache_usage"] or 0), held,
+                               "" if capacity is None else " (vLLM's cache: %d at that context)" % capacity),
                 "fix": "Plan for what the KV cache holds: vllm_workload.peak_concurrency %d (max_num_seqs %d), or "
                        "keep the peak with more KV cache: vllm_policy.allow_fp8_kv_cache, more GPUs for the "
                        "instance, or a shorter vllm_workload.p99_context." % (max(held, 1), max(held, 1))})

@@ -17,3 +17,12 @@ def parse_metrics(text, names=METRICS):
         if match and match.group(1) in names and match.group(3) != "NaN":
             found[match.group(1)] = found.get(match.group(1), 0.0) + float(match.group(3))
     return found
+
+
+def metric_labels(text, name):
+    """The labels of a metric's first sample ({} when absent), e.g. vllm:cache_config_info's num_gpu_blocks."""
+    for line in text.splitlines():
+        match = _LINE.match(line)
+        if match and match.group(1) == name:
+            return dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', match.group(2) or ""))
+    return {}
