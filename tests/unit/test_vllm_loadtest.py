@@ -113,3 +113,17 @@ def test_the_report_is_drawn(tmp_path):
     path.write_text(json.dumps(report))
     assert loadtest_plot.main([str(path), "--out", str(tmp_path / "r.png")]) == 0
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_queue_behind_the_token_budget_is_not_a_full_kv_cache():
+    """A real run of the task file: 2032-token prompts, one admitted per 2048-token step, so at 8 concurrent four
+    requests waited over consecutive samples while the KV cache (8192 blocks) was 1% used. It passes."""
+    with open(os.path.join(ROOT, "tests", "fixtures", "loadtest", "budget-queue-report.json"), encoding="utf-8") as f:
+        report = json.load(f)
+    at_8 = report["stages"][1]
+    assert at_8["sustained_waiting"] > 0 and at_8["peak_kv_cache_usage"] < 0.05
+    assert vllm_loadtest.kv_capacity(report["kv_cache_blocks"], report["block_size"], 2048) == report["kv_capacity"]
+    assert report["verdict"] == {"passed": True, "held_concurrency": 8, "broken": []}
+    again = vllm_loadtest.verdict(report["stages"], [], report["plan"], 2048, 8, report["bounds"],
+                                  report["kv_capacity"])
+    assert again == report["verdict"]
