@@ -16,7 +16,7 @@ description:
   - The verdict (module_utils vllm_loadtest) holds when no request failed or timed out, the journal shows no OOM, no
     sequence was preempted or queued behind the KV cache at any concurrency up to the plan's max_num_seqs, and the
     p99 latencies at the workload's peak stayed within O(bounds).
-  - Sends real traffic: run it on an instance that is out of the balancers' rotation. Never changes the host.
+  - "Sends real traffic: run it on an instance that is out of the balancers' rotation. Never changes the host."
 options:
   unit: {description: systemd unit of the instance, type: str, required: true}
   port: {description: HTTP port of the instance on 127.0.0.1, type: int, required: true}
