@@ -9,7 +9,7 @@ short_description: Drive one vLLM instance at its plan's limits and say whether 
 description:
   - Runs vLLM's own benchmark client (C(vllm.benchmarks.serve), the code of C(vllm bench serve)) from the instance's
     virtualenv against the instance on the host's loopback only, one stage per concurrency level, random prompts of
-    O(input_len) tokens and O(output_len) generated tokens each.
+    O(p99_context) minus O(output_len) tokens and O(output_len) generated tokens each.
   - Reads C(/metrics) every O(sample_interval) seconds meanwhile (KV-cache usage, running and waiting requests,
     preemptions) and, afterwards, the unit's journal of the test window through the triage classifier (OOMs, engine
     death), and vLLM's own KV cache size (C(vllm:cache_config_info)).
