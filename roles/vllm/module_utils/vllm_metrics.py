@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 """vLLM's /metrics (Prometheus text exposition format): the one reader of that format.
 
-Used by the vllm_diagnose module (KV-cache pressure) and by the watchdog daemon on each host
+Used by the vllm_diagnose and vllm_loadtest modules and by the watchdog daemon on each host
 (roles/vllm/files/vllm-watchdog, which gets a copy of this file next to it). Standard library only, no Ansible
 import, so both can load it.
 
@@ -44,3 +44,13 @@ def parse_metrics(text, names=ACTIVE + PROGRESS + PRESSURE):
             continue
         found[match.group("name")] = found.get(match.group("name"), 0.0) + value
     return found
+
+
+def metric_labels(text, name):
+    """The labels of a metric's first sample ({} when absent), e.g. vllm:cache_config_info's num_gpu_blocks."""
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match.group("name") == name:
+            labels = line[len(name):].split("}", 1)[0] if line[len(name):].startswith("{") else ""
+            return dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))
+    return {}
