@@ -57,6 +57,14 @@ def invocations():
     return {h: unit_props(h, UNIT, "InvocationID")["InvocationID"] for h in VLLM_HOSTS}
 
 
+def restore_host(host, host_vars_file):
+    """Drop a test's host_vars and roll the host with the inventory's own configuration (in a `finally`: the caller
+    asserts on the roll afterwards, so that a failure of the test itself is what it reports)."""
+    os.unlink(host_vars_file)
+    return playbook("playbooks/rolling_restart.yml", "--limit", f"localhost,{host}",
+                    "-e", "rolling_restart_apply_config=true")
+
+
 def with_host_vars(host, values):
     """Write host_vars for one host into the scenario's inventory; returns the file to remove afterwards."""
     host_vars = os.path.join(os.path.dirname(INVENTORY), "host_vars")
@@ -240,9 +248,7 @@ def test_6_host_vllm_refuses_at_start_stops_the_roll_with_that_host_drained(tmp_
     finally:
         # The fix is in: rolling the one host again re-arms its unit and brings it back (also when an assertion
         # above failed, so that the tests after this one find a whole fleet).
-        os.unlink(bad)
-        roll = playbook("playbooks/rolling_restart.yml", "--limit", "localhost,vllm-2",
-                        "-e", "rolling_restart_apply_config=true")
+        roll = restore_host("vllm-2", bad)
     assert roll.returncode == 0, roll.stdout[-3000:]
     assert all_up()
 
@@ -313,9 +319,7 @@ def test_6c_loadtest_fails_a_plan_whose_kv_cache_cannot_hold_max_num_seqs():
         assert os.path.getsize(png) > 0
         assert server_states()["vllm-3-main"] == "MAINT"
     finally:
-        os.unlink(small)
-        roll = playbook("playbooks/rolling_restart.yml", "--limit", "localhost,vllm-3",
-                        "-e", "rolling_restart_apply_config=true")
+        roll = restore_host("vllm-3", small)
     assert roll.returncode == 0, roll.stdout[-3000:]
     assert all_up()
 
