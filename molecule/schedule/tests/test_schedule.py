@@ -78,17 +78,17 @@ def test_the_watchdog_service_runs_its_playbook_under_the_same_lock():
     started = sh(HOST, f"systemctl start {service}", check=False, timeout=300)
     log = sh(HOST, f"journalctl -u {service} --after-cursor '{since}' --no-pager -o cat").stdout
     print(log[-1500:])
+    # `systemctl start` of a oneshot returns 0 only if the run succeeded. Its unit's properties are no witness here:
+    # with its timer stopped nothing references the unit, and systemd unloads it (ExecMainStatus 0) once it ends.
     assert started.returncode == 0, log[-3000:]
-    assert unit_props(HOST, service, "Result", "ExecMainStatus") == {"Result": "success", "ExecMainStatus": "0"}
     assert "PLAY [Find the wedged vLLM instances]" in log and "PLAY RECAP" in log
     sh(HOST, f"systemd-run --unit=manual-roll-2 flock {LOCK} sleep 300")
     try:
         wait_until(lambda: sh(HOST, f"flock -n {LOCK} true", check=False).returncode != 0, 20, 0.2,
                    "the manual roll to hold the lock")
         since = cursor()
-        sh(HOST, f"systemctl start {service}", timeout=120)
-        assert unit_props(HOST, service, "ExecMainStatus") == {"ExecMainStatus": "75"}
-        assert "failed to get lock" in sh(HOST, f"journalctl -u {service} --after-cursor '{since}' --no-pager "
-                                                "-o cat").stdout
+        sh(HOST, f"systemctl start {service}", timeout=120)  # exit 75 (skipped) counts as success
+        log = sh(HOST, f"journalctl -u {service} --after-cursor '{since}' --no-pager -o cat").stdout
+        assert "failed to get lock" in log and "PLAY" not in log, log
     finally:
         sh(HOST, "systemctl stop manual-roll-2", check=False)
