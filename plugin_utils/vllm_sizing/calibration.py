@@ -7,6 +7,11 @@ The store (the vllm role's vllm_calibration_dir, next to the inventory) holds on
 under the directory calibration_key(plan) names: GPU model / model / vLLM version / parallelism, dtype, KV dtype,
 max_num_batched_tokens and eager. An entry is {"key": that directory, "host", "instance", "started_at",
 "invocation_id", "report": {...}}; a bare report is taken as measured on the plan's first configuration.
+
+A load test (the vllm role's tasks/loadtest.yml) records its own entry in that directory's loadtest/ subdirectory,
+out of reach of the start entries' *.json: {"key", "host", "instance", "started", "p99_context", "max_num_seqs",
+"held_concurrency", "passed", "broken": [limit names]}. One whose KV cache did not hold max_num_seqs caps the next
+plan of the configuration at the concurrency it held (loadtest_cap).
 """
 
 import re
@@ -76,6 +81,61 @@ def applies(measured, attempt):
     if measured["key"] is None:
         return attempt["first"]
     return measured["key"] == key_path(attempt["fields"])
+
+
+def _number(minimum):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+
+def _text(value):
+    return isinstance(value, str) and value != ""
+
+
+# A load-test entry's fields: name -> (check, what the check wants, what the field is).
+LOADTEST = {
+    "key": (_text, "a non-empty string", "the store directory of the configuration tested (vllm_calibration_key)"),
+    "host": (_text, "a non-empty string", "the host tested"),
+    "instance": (_text, "a non-empty string", "the instance tested"),
+    "started": (_text, "a non-empty string", "when the test started"),
+    "p99_context": (_number(1), "an integer of at least 1", "tokens per request, prompt plus output"),
+    "max_num_seqs": (_number(1), "an integer of at least 1", "the tested plan's max_num_seqs"),
+    "held_concurrency": (_number(0), "an integer of at least 0",
+                         "the most sequences served with nothing preempted or queued"),
+    "passed": (lambda v: isinstance(v, bool), "true or false", "the verdict"),
+    "broken": (lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v), "a list of limit names",
+               "the limits the test broke"),
+}
+
+
+def loadtest(value):
+    """policy.loadtest checked at the door: a load-test entry of the calibration store."""
+    entry = as_dict(value, "policy.loadtest")
+    missing = [name for name in LOADTEST if name not in entry]
+    if missing:
+        fail("policy.loadtest lacks %s: pass a load-test entry of the calibration store (<key>/loadtest/<host>-"
+             "<instance>.json, written by the vllm role's tasks/loadtest.yml)" % ", ".join(missing))
+    for name, (check, wanted, what) in LOADTEST.items():
+        if not check(entry[name]):
+            fail("policy.loadtest.%s must be %s (%s), got %r" % (name, wanted, what, entry[name]))
+    return {name: entry[name] for name in LOADTEST}
+
+
+def loadtest_cap(entry, fields, context):
+    """The max_num_seqs a load test proved for this configuration at requests of `context` tokens, or None. Only a
+    test that broke max_num_seqs counts (a passing one, or one that failed for errors, latency or OOMs, says nothing
+    of the KV cache), of the same configuration, at a context at least as long: what held there holds for shorter
+    requests, a shorter test says nothing of longer ones."""
+    if "max_num_seqs" not in entry["broken"] or entry["key"] != key_path(fields) or entry["p99_context"] < context:
+        return None
+    return max(entry["held_concurrency"], 1)
+
+
+def describe_loadtest(entry, planned):
+    """One line for the plan's `applied` when a load test capped max_num_seqs."""
+    return ("max_num_seqs %d: the load test on %s instance %s started %s held %d sequences at p99 context %d "
+            "(max_num_seqs %d); the estimate allowed %d" % (
+                max(entry["held_concurrency"], 1), entry["host"], entry["instance"], entry["started"],
+                entry["held_concurrency"], entry["p99_context"], entry["max_num_seqs"], planned))
 
 
 def compile_cache(report):

@@ -46,6 +46,7 @@ POLICY = {
     "cuda_graph_bytes": ("bytes", None, "measured CUDA graph memory per GPU"),
     "non_torch_bytes": ("bytes", None, "measured non-torch memory per GPU"),
     "measured": ("dict", None, "a vllm_startup_report or calibration store entry of this configuration"),
+    "loadtest": ("dict", None, "a load-test entry of the calibration store (its loadtest/ directory)"),
 }
 
 

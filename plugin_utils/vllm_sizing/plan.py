@@ -45,12 +45,7 @@ def _attempt(ctx, tp, kv_dtype, seqs):
     measured = None
     if ctx["measured"] is not None and calibration.applies(ctx["measured"], {
             "first": tp == ctx["tp_start"] and kv_dtype == ctx["policy"]["kv_cache_dtype"],
-            "fields": {"gpu": ctx["gpu_name"], "model": str(_model_arg(ctx)), "vllm_version": ctx["version"],
-                       "tensor_parallel_size": tp,
-                       "pipeline_parallel_size": ctx["pp"], "kv_cache_dtype": kv_dtype,
-                       "max_num_batched_tokens": ctx["batched"], "enforce_eager": ctx["enforce_eager"],
-                       "dtype": str(ctx["serve"].get("dtype") or "auto"),
-                       "quantization": str(ctx["serve"].get("quantization") or "none")}}):
+            "fields": _key_fields(ctx, tp, kv_dtype)}):
         budget, measured = calibration.measured_budget(budget, ctx["measured"])
     kv = budget["kv_cache_bytes"]
     fit_len = fitting_max_len(lay, kv, ctx["target_len"])
@@ -70,6 +65,32 @@ def _attempt(ctx, tp, kv_dtype, seqs):
         # The null block is never handed out; the rest must hold the peak at p99 context.
         result["seqs_that_fit"] = (held["num_blocks"] - 1) // held["blocks_per_request"]
     return result
+
+
+def _key_fields(ctx, tp, kv_dtype):
+    """calibration.key_fields of the plan this configuration would make."""
+    return {"gpu": ctx["gpu_name"], "model": str(_model_arg(ctx)), "vllm_version": ctx["version"],
+            "tensor_parallel_size": tp, "pipeline_parallel_size": ctx["pp"], "kv_cache_dtype": kv_dtype,
+            "max_num_batched_tokens": ctx["batched"], "enforce_eager": ctx["enforce_eager"],
+            "dtype": str(ctx["serve"].get("dtype") or "auto"),
+            "quantization": str(ctx["serve"].get("quantization") or "none")}
+
+
+def _loadtest_cap(ctx, result):
+    """The chosen configuration at most at the concurrency a load test of it held (the estimate said more).
+
+    The key does not move: max_num_seqs is not part of it, and max_num_batched_tokens (which is) was settled from
+    the uncapped max_num_seqs. So the next plan finds the same entry and caps again, instead of an uncapped plan
+    and a capped one taking turns."""
+    if ctx["loadtest"] is None:
+        return result
+    held = calibration.loadtest_cap(ctx["loadtest"], _key_fields(ctx, result["tp"], result["kv_dtype"]),
+                                    ctx["p99"] or result["max_model_len"])
+    if held is None or held >= result["max_num_seqs"]:
+        return result
+    capped = _attempt(ctx, result["tp"], result["kv_dtype"], held)
+    capped["loadtest"] = {"held_concurrency": held, "uncapped_max_num_seqs": result["max_num_seqs"]}
+    return capped
 
 
 def _fits_workload(result, ctx):
@@ -137,6 +158,7 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
            "extensible": row["extensible_kv_cache"], "target_len": target, "floor_len": floor,
            "p99": p99, "peak": peak, "serve": serve, "tp_start": tp_start,
            "measured": calibration.measurement(policy["measured"]) if policy["measured"] else None,
+           "loadtest": calibration.loadtest(policy["loadtest"]) if policy["loadtest"] else None,
            "device": {"type": "cuda", "capability": capability, "cpu_flags": None},
            "min_seqs": policy["min_num_seqs"] or max(1, (peak or 0) // 2)}
 
@@ -150,8 +172,10 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
         tried.extend(results)
         chosen = next((r for r in results if _fits_workload(r, ctx)), None) or _fewer_seqs(results[-1], ctx, tp)
         if chosen is not None:
+            chosen = _loadtest_cap(ctx, chosen)
             break
-    if chosen is not None and peak and chosen["max_num_seqs"] < peak:
+    # A load test's cap names its own fixes; the hint's policy.min_num_seqs would not undo it.
+    if chosen is not None and peak and chosen["max_num_seqs"] < peak and not chosen.get("loadtest"):
         warnings.append(_peak_hint(ctx, chosen, tp_candidates[tp_candidates.index(chosen["tp"]) + 1:]))
     plan = _plan(ctx, chosen or tried[-1], chosen is not None, tried)
     if not plan["fits"] and policy["strict"]:
@@ -198,7 +222,9 @@ def _plan(ctx, result, fits, tried):
         applied.append("kv_cache_dtype fp8: halves KV bytes per token (the model's dtype did not fit)")
     if result["kv_dtype"].startswith("fp8"):
         warnings.append("fp8 KV cache: a small quality cost; check your evaluations")
-    if ctx["peak"] and result["max_num_seqs"] < ctx["peak"]:
+    if result.get("loadtest"):
+        applied.append(calibration.describe_loadtest(ctx["loadtest"], result["loadtest"]["uncapped_max_num_seqs"]))
+    elif ctx["peak"] and result["max_num_seqs"] < ctx["peak"]:
         applied.append("max_num_seqs %d (peak concurrency %d does not fit at context %d; floor %d)"
                        % (result["max_num_seqs"], ctx["peak"], ctx["p99"] or length, ctx["min_seqs"]))
     start_tp = tried[0]["tp"]
@@ -260,6 +286,9 @@ def _plan(ctx, result, fits, tried):
         applied.append(calibration.describe(info) + ("" if measured is result else (
             "; with that, tensor_parallel_size %d with kv_cache_dtype %s does not serve the workload, so the plan "
             "moved on" % (measured["tp"], measured["kv_dtype"]))))
+    if result.get("loadtest"):
+        plan["loadtest"] = dict(result["loadtest"], source={k: ctx["loadtest"][k] for k in (
+            "host", "instance", "started", "p99_context", "max_num_seqs")})
     if fits:
         plan["reason"] = ("%s fits on %d x %s: %s of KV cache per GPU holds %d tokens, %.2f requests at "
                           "max_model_len %d" % (name, tp * pp, ctx["gpu_name"], gib(budget["kv_cache_bytes"]),

@@ -92,3 +92,47 @@ def test_a_measured_start_is_planned_with_and_shown_beside_the_prediction(tmp_pa
     row = next(line for line in after.stdout.splitlines() if "h100x8-gptoss" in line and " main " in line)
     assert " 1.00 " in row and "(measured; the prediction was OFF by more than 3%)" in row
     assert " %.2f " % (cal["predicted_kv_cache_bytes"] / (1 << 30)) in row
+
+
+def test_a_load_test_that_held_fewer_sequences_caps_the_next_plan(tmp_path):
+    """The load test's feed: tests/fixtures/loadtest/kv-holds-4-of-8.json judged by the load test's verdict and
+    recorded as tasks/loadtest.yml records it, in loadtest/ under the configuration's key. plan.yml reads it, caps
+    max_num_seqs at the 4 the KV cache held and says so in the table; no start entry is taken from it."""
+    sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
+    sys.path.insert(0, os.path.join(ROOT, "roles", "vllm", "module_utils"))
+    import vllm_sizing  # noqa: F401  (loads the package)
+    import vllm_loadtest
+    from vllm_fleet_sizing import calibration
+
+    def plan():
+        return subprocess.run(
+            [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", "tests/playbooks/plan-inventory.yml",
+             "playbooks/plan.yml", "--limit", "a10g-qwen3,localhost",
+             "-e", json.dumps({"vllm_workload": {"p99_context": 1024, "peak_concurrency": 8}}),
+             "-e", f"vllm_calibration_dir={tmp_path / 'store'}", "-e", f"plan_out={tmp_path / 'plan.json'}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+            env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0"))
+    before = plan()
+    assert before.returncode == 0, before.stdout[-3000:]
+    predicted = json.loads((tmp_path / "plan.json").read_text())["a10g-qwen3"]["main"]
+    assert predicted["engine_args"]["max_num_seqs"] == 8
+    with open(os.path.join(ROOT, "tests", "fixtures", "loadtest", "kv-holds-4-of-8.json"), encoding="utf-8") as f:
+        fixture = json.load(f)
+    stages = [vllm_loadtest.stage_summary(s["concurrency"], s["result"], s["samples"], s["timed_out"])
+              for s in fixture["stages"]]
+    found = vllm_loadtest.verdict(stages, [], predicted["engine_args"], 1024, 8, {})
+    key = calibration.calibration_key(predicted)
+    entry = tmp_path / "store" / key / "loadtest" / "a10g-qwen3-main.json"
+    entry.parent.mkdir(parents=True)
+    entry.write_text(json.dumps({"key": key, "host": "a10g-qwen3", "instance": "main",
+                                 "started": "2026-12-04T15:37:28Z", "p99_context": 1024, "max_num_seqs": 8,
+                                 "held_concurrency": found["held_concurrency"], "passed": found["passed"],
+                                 "broken": [b["limit"] for b in found["broken"]]}))
+    after = plan()
+    assert after.returncode == 0, after.stdout[-3000:]
+    capped = json.loads((tmp_path / "plan.json").read_text())["a10g-qwen3"]["main"]
+    assert capped["engine_args"]["max_num_seqs"] == 4 and capped["loadtest"]["held_concurrency"] == 4
+    assert "calibration" not in capped  # a load-test entry is never taken for a start's
+    assert calibration.calibration_key(capped) == key
+    row = next(line for line in after.stdout.splitlines() if "a10g-qwen3" in line and " main " in line)
+    assert "fits (seqs capped: the load test on a10g-qwen3 held 4, the estimate allowed 8)" in row

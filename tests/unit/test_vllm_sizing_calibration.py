@@ -1,5 +1,6 @@
 """Calibration: a start's vllm_startup_report (or a calibration store entry) in policy.measured replaces the budget's
 estimates, on the published GPU startups and on the CPU build's own output."""
+import json
 import os
 import sys
 
@@ -88,3 +89,92 @@ def test_calibration_key_names_the_configuration():
 def test_malformed_measurements(measured, message):
     with pytest.raises(AnsibleFilterError, match=message):
         vs.vllm_sizing(A10G, QWEN3, {"p99_context": 4096}, {"measured": measured})
+
+
+# The load test's feed: tests/fixtures/loadtest/kv-holds-4-of-8.json, a real run whose KV cache held 4 requests of
+# 1024 tokens where the plan said max_num_seqs 8, judged by the load test's own verdict and recorded as
+# tasks/loadtest.yml records it, under the key of the plan it tested.
+sys.path.insert(0, os.path.join(ROOT, "roles", "vllm", "module_utils"))
+import vllm_loadtest  # noqa: E402
+
+with open(os.path.join(ROOT, "tests", "fixtures", "loadtest", "kv-holds-4-of-8.json"), encoding="utf-8") as handle:
+    KV_HOLDS_4 = json.load(handle)
+WORKLOAD = {"p99_context": 1024, "peak_concurrency": 8}
+POLICY = {"model": "Qwen/Qwen3-8B"}
+
+
+def loadtest_entry(plan, fixture=KV_HOLDS_4):
+    stages = [vllm_loadtest.stage_summary(s["concurrency"], s["result"], s["samples"], s["timed_out"])
+              for s in fixture["stages"]]
+    found = vllm_loadtest.verdict(stages, [], plan["engine_args"], fixture["p99_context"], 8,
+                                  {"ttft_p99_ms": 10000, "itl_p99_ms": 1000})
+    return {"key": sz.calibration.calibration_key(plan), "host": "vllm-3", "instance": "main",
+            "started": "2026-12-04T15:37:28Z", "p99_context": fixture["p99_context"],
+            "max_num_seqs": plan["engine_args"]["max_num_seqs"], "held_concurrency": found["held_concurrency"],
+            "passed": found["passed"], "broken": [b["limit"] for b in found["broken"]]}
+
+
+def test_a_load_test_that_held_fewer_sequences_caps_the_next_plan():
+    plan = vs.vllm_sizing(A10G, QWEN3, WORKLOAD, POLICY)
+    assert plan["engine_args"]["max_num_seqs"] == 8  # the estimate: 8 fit at 1024 tokens
+    entry = loadtest_entry(plan)
+    assert (entry["passed"], entry["held_concurrency"], entry["broken"]) == (False, 4, ["max_num_seqs"])
+    capped = vs.vllm_sizing(A10G, QWEN3, WORKLOAD, dict(POLICY, loadtest=entry))
+    assert capped["fits"] and capped["engine_args"]["max_num_seqs"] == 4
+    assert capped["loadtest"] == {"held_concurrency": 4, "uncapped_max_num_seqs": 8, "source": {
+        "host": "vllm-3", "instance": "main", "started": "2026-12-04T15:37:28Z", "p99_context": 1024,
+        "max_num_seqs": 8}}
+    assert ("max_num_seqs 4: the load test on vllm-3 instance main started 2026-12-04T15:37:28Z held 4 sequences "
+            "at p99 context 1024 (max_num_seqs 8); the estimate allowed 8") in capped["applied"]
+    # The cap keeps the configuration's key: the next plan finds the same entry and caps again.
+    assert sz.calibration.calibration_key(capped) == entry["key"]
+    again = vs.vllm_sizing(A10G, QWEN3, WORKLOAD, dict(POLICY, loadtest=entry))
+    assert again["engine_args"] == capped["engine_args"]
+    # A test at a longer context than the workload's holds for it too.
+    shorter = vs.vllm_sizing(A10G, QWEN3, {"p99_context": 512, "peak_concurrency": 8}, dict(POLICY, loadtest=entry))
+    assert shorter["engine_args"]["max_num_seqs"] == 4
+
+
+def test_a_passing_load_test_changes_nothing():
+    plan = vs.vllm_sizing(A10G, QWEN3, WORKLOAD, POLICY)
+    entry = loadtest_entry(plan)
+    # The same run judged against max_num_seqs 4 passes; recorded against this plan's key it must not cap 8.
+    four = vs.vllm_sizing(A10G, QWEN3, dict(WORKLOAD, peak_concurrency=4), POLICY)
+    passed = dict(loadtest_entry(four), key=entry["key"])
+    assert (passed["passed"], passed["held_concurrency"], passed["broken"]) == (True, 4, [])
+    assert vs.vllm_sizing(A10G, QWEN3, WORKLOAD, dict(POLICY, loadtest=passed)) == plan
+
+
+def test_a_load_test_at_a_shorter_context_or_of_another_configuration_is_ignored():
+    plan = vs.vllm_sizing(A10G, QWEN3, WORKLOAD, POLICY)
+    entry = loadtest_entry(plan)
+    longer = vs.vllm_sizing(A10G, QWEN3, {"p99_context": 2048, "peak_concurrency": 8}, POLICY)
+    assert longer["engine_args"]["max_num_seqs"] == 8
+    assert vs.vllm_sizing(A10G, QWEN3, {"p99_context": 2048, "peak_concurrency": 8},
+                          dict(POLICY, loadtest=entry)) == longer
+    fields = sz.calibration.key_fields(plan)
+    other = dict(entry, key=sz.calibration.key_path(dict(fields, kv_cache_dtype="fp8")))
+    assert vs.vllm_sizing(A10G, QWEN3, WORKLOAD, dict(POLICY, loadtest=other)) == plan
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"held_concurrency": "4"}, r"policy.loadtest.held_concurrency must be an integer of at least 0 \(the most "
+                                r"sequences served with nothing preempted or queued\), got '4'"),
+    ({"passed": "false"}, r"policy.loadtest.passed must be true or false \(the verdict\), got 'false'"),
+    ({"broken": "max_num_seqs"}, r"policy.loadtest.broken must be a list of limit names"),
+    ({"p99_context": 0}, r"policy.loadtest.p99_context must be an integer of at least 1"),
+    ({"key": None}, r"policy.loadtest.key must be a non-empty string \(the store directory"),
+])
+def test_malformed_load_test_entries(change, message):
+    entry = loadtest_entry(vs.vllm_sizing(A10G, QWEN3, WORKLOAD, POLICY))
+    with pytest.raises(AnsibleFilterError, match=message):
+        vs.vllm_sizing(A10G, QWEN3, WORKLOAD, dict(POLICY, loadtest=dict(entry, **change)))
+
+
+def test_a_start_entry_is_not_a_load_test_entry():
+    start = {"key": "k", "host": "gpu-1", "instance": "main", "report": {"available_kv_cache_bytes": 1}}
+    with pytest.raises(AnsibleFilterError, match=r"policy.loadtest lacks started, p99_context, max_num_seqs, "
+                                                 r"held_concurrency, passed, broken: pass a load-test entry"):
+        vs.vllm_sizing(A10G, QWEN3, WORKLOAD, dict(POLICY, loadtest=start))
+    with pytest.raises(AnsibleFilterError, match=r"policy.loadtest must be a dict, got str"):
+        vs.vllm_sizing(A10G, QWEN3, WORKLOAD, dict(POLICY, loadtest="kv-holds-4-of-8.json"))

@@ -268,7 +268,9 @@ LOADTEST_ARGS = ("-e", "vllm_loadtest_output_len=16", "-e", '{"vllm_loadtest_con
 
 def test_6b_loadtest_proves_the_plan_on_a_drained_host():
     """playbooks/loadtest.yml drains vllm-3, drives it on its loopback with vLLM's benchmark client at the workload's
-    p99 context (2048) up to the plan's max_num_seqs (8), passes it and puts it back; every figure is measured."""
+    p99 context (2048) up to the plan's max_num_seqs (8), passes it and puts it back; every figure is measured. What
+    it held is recorded in the calibration store, in loadtest/ under the key of the plan vllm-3 runs (beside its start
+    entry), for the next plan of that configuration."""
     run = playbook("playbooks/loadtest.yml", "-e", "target=vllm-3", *LOADTEST_ARGS)
     assert run.returncode == 0, run.stdout[-3000:]
     assert "load test PASSED" in run.stdout, run.stdout[-3000:]
@@ -285,6 +287,16 @@ def test_6b_loadtest_proves_the_plan_on_a_drained_host():
     assert len(report["samples"]) > 4 and report["oom_failures"] == []
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    store = os.path.join(os.path.dirname(INVENTORY), "calibration")
+    entries = glob.glob(os.path.join(store, "*", "*", "*", "*", "loadtest", "vllm-3-main.json"))
+    assert len(entries) == 1, entries
+    with open(entries[0]) as f:
+        entry = json.load(f)
+    key_dir = os.path.dirname(os.path.dirname(entries[0]))
+    assert entry == {"key": os.path.relpath(key_dir, store), "host": "vllm-3", "instance": "main",
+                     "started": report["started"], "p99_context": 2048, "max_num_seqs": 8, "held_concurrency": 8,
+                     "passed": True, "broken": []}
+    assert os.path.exists(os.path.join(key_dir, "vllm-3-main.json"))  # the start entry of the same configuration
     assert all_up()
 
 
