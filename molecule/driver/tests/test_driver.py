@@ -42,8 +42,11 @@ def test_repository_and_key_come_from_the_keyring_package():
         # apt fetched the signed index and checked it with that key only.
         check = sh(host, f"gpgv --keyring {KEYRING} /var/lib/apt/lists/repo-1_*InRelease 2>&1")
         assert "Good signature" in check.stdout and fingerprint in check.stdout.replace(" ", ""), check.stdout
-        update = sh(host, "apt-get update 2>&1")
-        assert REPO in update.stdout and not re.search(r"NO_PUBKEY|not signed|W: ", update.stdout), update.stdout
+        # Only the CUDA repository's source: the test talks to repo-1 and to no other address.
+        update = sh(host, f"apt-get update -o Dir::Etc::sourcelist={SOURCE} -o Dir::Etc::sourceparts=- "
+                          "-o APT::Get::List-Cleanup=0 2>&1")
+        # apt names a flat repository ("deb URL /") without the trailing slash.
+        assert f"{REPO.rstrip('/')}  InRelease" in update.stdout and not re.search(r"NO_PUBKEY|not signed|W: ", update.stdout), update.stdout
 
 
 def test_driver_is_installed_at_the_wanted_version_pinned_and_held():
