@@ -4,9 +4,10 @@
 #   OUT_DIR/compute/cuda/repos/debian12/<arch>/  *.deb, Packages(.gz), Release, InRelease, Release.gpg
 # The packages carry NVIDIA's names and dependencies as the role meets them: cuda-keyring (key + apt source),
 # cuda-drivers-<branch>, nvidia-driver, nvidia-smi, nvidia-kernel-dkms, nvidia-kernel-open-dkms,
-# nvidia-persistenced, nvidia-fabricmanager-<branch>, datacenter-gpu-manager. No kernel module and no library is
-# inside: nvidia-smi, nvidia-persistenced, nv-fabricmanager and nv-hostengine are the stand-ins of STANDINS_DIR,
-# which behave by what the host's sysfs shows (/sys/module/nvidia/version, NVSwitch on /sys/bus/pci/devices).
+# nvidia-persistenced, nvidia-fabricmanager-<branch>, datacenter-gpu-manager, nvlsm. No kernel module and no library
+# is inside: nvidia-smi, nvidia-persistenced, nv-fabricmanager, nv-hostengine and nvlsm are the stand-ins of
+# STANDINS_DIR, which behave by what the host's sysfs shows (/sys/module/nvidia/version, /sys/module/ib_umad,
+# NVSwitch or the NVLink 5 CX7 bridge on /sys/bus/pci/devices).
 set -euo pipefail
 out=$1 url=$2 standins=$3
 arch_deb=$(dpkg --print-architecture)
@@ -41,7 +42,7 @@ package() {
   local item src dest
   for item in "$@"; do
     src=${item%%:*} dest=${item#*:}
-    install -D -m "$( [[ $dest == */bin/* ]] && echo 0755 || echo 0644 )" "$src" "$dir$dest"
+    install -D -m "$( [[ $dest == */bin/* || $dest == */sbin/* ]] && echo 0755 || echo 0644 )" "$src" "$dir$dest"
   done
   dpkg-deb --root-owner-group --build "$dir" "$repo/${name}_${version}_$arch.deb" > /dev/null
 }
@@ -74,6 +75,12 @@ for version in 550.127.08 550.144.03 560.35.03; do
     "$work/nv-fabricmanager:/usr/bin/nv-fabricmanager" \
     "$standins/nvidia-fabricmanager.service:/lib/systemd/system/nvidia-fabricmanager.service"
 done
+# NVLink Subnet Manager, for NVLink 5 boards (HGX B200 and later): dated versions of its own, not the driver's.
+nvlsm_version=2025.06.5
+sed "s/@VERSION@/$nvlsm_version/" "$standins/nvlsm" > "$work/nvlsm"
+printf 'log_file /var/log/nvlsm.log\n' > "$work/nvlsm.conf"
+package nvlsm "$nvlsm_version-1" "$arch_deb" "" \
+  "$work/nvlsm:/opt/nvidia/nvlsm/sbin/nvlsm" "$work/nvlsm.conf:/usr/share/nvidia/nvlsm/nvlsm.conf"
 package datacenter-gpu-manager 1:3.3.9 "$arch_deb" "" \
   "$work/nv-hostengine:/usr/bin/nv-hostengine" "$standins/nvidia-dcgm.service:/lib/systemd/system/nvidia-dcgm.service"
 

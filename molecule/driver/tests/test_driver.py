@@ -1,8 +1,8 @@
 """The nvidia_gpu role's driver install, after converge (and idempotence) left both GPU hosts with the driver
 installed from repo-1's repository and a reboot pending. In order: what is configured and installed, the pending
 reboot, a "reboot" (the module appears in sysfs) and the converge that finishes the job and then does nothing, a
-driver change that waits while vLLM runs and applies once it is stopped (as in the rolling restart), and a clear
-failure when a GPU is missing."""
+driver change that waits while vLLM runs and applies once it is stopped (as in the rolling restart), a clear
+failure when a GPU is missing, and NVLSM on an NVLink 5 board (the HGX host shown as an HGX B200 for a while)."""
 import re
 
 from fleet import playbook, sh
@@ -42,8 +42,11 @@ def test_repository_and_key_come_from_the_keyring_package():
         # apt fetched the signed index and checked it with that key only.
         check = sh(host, f"gpgv --keyring {KEYRING} /var/lib/apt/lists/repo-1_*InRelease 2>&1")
         assert "Good signature" in check.stdout and fingerprint in check.stdout.replace(" ", ""), check.stdout
-        update = sh(host, "apt-get update 2>&1")
-        assert REPO in update.stdout and not re.search(r"NO_PUBKEY|not signed|W: ", update.stdout), update.stdout
+        # Only the CUDA repository's source: the test talks to repo-1 and to no other address.
+        update = sh(host, f"apt-get update -o Dir::Etc::sourcelist={SOURCE} -o Dir::Etc::sourceparts=- "
+                          "-o APT::Get::List-Cleanup=0 2>&1")
+        # apt names a flat repository ("deb URL /") without the trailing slash.
+        assert f"{REPO.rstrip('/')}  InRelease" in update.stdout and not re.search(r"NO_PUBKEY|not signed|W: ", update.stdout), update.stdout
 
 
 def test_driver_is_installed_at_the_wanted_version_pinned_and_held():
@@ -145,3 +148,51 @@ def test_a_missing_gpu_fails_naming_the_host():
     out = playbook(CONVERGE, "--limit", "gpu-hgx", "-e", "nvidia_gpu_expected_count=4")
     assert out.returncode != 0
     assert "gpu-hgx has 8 GPU(s), nvidia_gpu_expected_count is 4" in out.stdout, out.stdout[-3000:]
+
+
+def test_nvlsm_only_on_an_nvlink5_board_started_by_fabric_manager_first():
+    # Nowhere yet: the H100 board's NVSwitches are on the PCI bus, no CX7 bridge; the A10G host has neither.
+    for host in WANTED:
+        assert version(host, "nvlsm") is None, host
+        assert sh(host, "test -e /etc/modules-load.d/nvidia-gpu-nvlsm.conf", check=False).returncode == 1
+    host, wanted = "gpu-hgx", WANTED["gpu-hgx"]
+    # The HGX host as an HGX B200 board: no NVSwitch on the PCI bus, a CX7 bridge whose two limited functions say
+    # SMDL=SW_MNG in their VPD, and a compute-network ConnectX-7 that does not.
+    sh(host, "mount --bind /srv/pci/hgx-b200-8 /sys/bus/pci/devices")
+    try:
+        # This kernel has no InfiniBand modules: the module the role loads is there as modprobe would leave it.
+        sh(host, "mkdir -p /sys/module/ib_umad")
+        out = playbook(CONVERGE, "--limit", host)
+        assert out.returncode == 0, out.stdout[-3000:]
+        assert version(host, "nvlsm") == "2025.06.5-1"
+        assert "nvlsm" in sh(host, "apt-mark showhold").stdout.split()
+        assert sh(host, "cat /etc/modules-load.d/nvidia-gpu-nvlsm.conf").stdout.splitlines()[-1] == "ib_umad"
+        # The driver did not move, and Fabric Manager still matches it.
+        assert version(host, "nvidia-smi") == version(host, "nvidia-fabricmanager-550") == f"{wanted}-1"
+        # Restarted for NVLSM: its unit started NVLSM (OpenSM's log, as master) before configuring the fabric.
+        # (The H100 board's runs of the unit printed none of these lines.)
+        journal = "journalctl -u nvidia-fabricmanager -o cat"
+        log = sh(host, f"for i in $(seq 10); do {journal} | grep -q 'GPUs and NVSwitches' && break; sleep 1; done;"
+                       f" {journal}").stdout.splitlines()
+        order = [next(i for i, line in enumerate(log) if text in line) for text in
+                 ("Detected NVL5+ system", "OpenSM 2025.06.5", "Entering MASTER state",
+                  "Successfully configured all the available GPUs and NVSwitches")]
+        assert order == sorted(order), log
+        assert "(2 CX7 LPF" in log[order[-1]], log
+        assert sh(host, "systemctl is-active nvidia-fabricmanager").stdout.strip() == "active"
+        assert sh(host, "pgrep --exact nvlsm", check=False).returncode == 0
+        # Then nothing to do.
+        again = playbook(CONVERGE, "--limit", host)
+        assert again.returncode == 0, again.stdout[-3000:]
+        assert recap(again, host)["changed"] == 0
+        assert "TASK [nvidia_gpu : Install NVLSM]" not in again.stdout
+    finally:
+        # Back to the H100 board, as the other tests left it.
+        sh(host, "umount /sys/bus/pci/devices; apt-get purge --yes --allow-change-held-packages nvlsm;"
+                 " rm -f /etc/modules-load.d/nvidia-gpu-nvlsm.conf; rmdir /sys/module/ib_umad;"
+                 " systemctl restart nvidia-fabricmanager", check=False)
+    back = sh(host, "for i in $(seq 10); do journalctl -u nvidia-fabricmanager -o cat -n 1 | grep -q '4 NVSwitch'"
+                    " && break; sleep 1; done; journalctl -u nvidia-fabricmanager -o cat -n 1").stdout
+    assert "(4 NVSwitch)" in back and sh(host, "systemctl is-active nvidia-fabricmanager").stdout.strip() == "active"
+    # The A10G host saw none of it.
+    assert version("gpu-a10g", "nvlsm") is None
