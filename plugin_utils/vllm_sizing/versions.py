@@ -28,44 +28,25 @@ PINNED_VERSION = "0.34.0"
 #   versioned_flags: flags of FLAGS (flags.py) that only some releases have, this one's (the rest all have)
 #   cuda_graph_budget: the CUDA-graph estimate is taken from the KV memory (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
 #                      default on since 0.21); before, graphs are captured after the KV cache, in the headroom
-VERSIONS = {
-    "0.11.0": {
-        "block_size": 16, "utilization": 0.9, "extensible_kv_cache": False,
-        "async_scheduling": False, "in_flight": "batch", "null_block": False, "grouped_check": False,
-        "batch_defaults": ((70, "a100", 8192, 1024), (0, None, 2048, 256)), "cpu_batch_defaults": (2048, 128),
-        "message": "models's", "gib_format": "%.2f", "versioned_flags": frozenset({"swap_space"}),
-        "cuda_graph_budget": False,
-        "kv_cache_dtypes": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
-        "block_sizes": (1, 8, 16, 32, 64, 128, 256),
-    },
-    "0.19.0": {
-        "block_size": 16, "utilization": 0.9, "extensible_kv_cache": False,
-        "async_scheduling": True, "in_flight": "batch", "null_block": False, "grouped_check": False,
-        "batch_defaults": ((70, "a100", 8192, 1024), (0, None, 2048, 256)), "cpu_batch_defaults": (2048, 128),
-        "message": "models's", "gib_format": None, "versioned_flags": frozenset({"shutdown_timeout"}),
-        "cuda_graph_budget": False,
-        "kv_cache_dtypes": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
-        "block_sizes": (1, 8, 16, 32, 64, 128, 256),
-    },
-    "0.32.0": {
-        "block_size": 16, "utilization": 0.92, "extensible_kv_cache": False,
-        "async_scheduling": True, "in_flight": "batches", "null_block": True, "grouped_check": True,
-        "batch_defaults": ((160, None, 16384, 1024), (70, "a100", 8192, 1024), (0, None, 2048, 256)),
-        "cpu_batch_defaults": (2048, 128), "message": "model's", "gib_format": None,
-        "versioned_flags": frozenset({"shutdown_timeout"}), "cuda_graph_budget": True,
-        "kv_cache_dtypes": ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
-        "block_sizes": None,
-    },
-    "0.34.0": {
-        "block_size": 64, "utilization": 0.92, "extensible_kv_cache": True,
-        "async_scheduling": True, "in_flight": "batches", "null_block": True, "grouped_check": True,
-        "batch_defaults": ((160, None, 16384, 1024), (70, "a100", 8192, 1024), (0, None, 2048, 256)),
-        "cpu_batch_defaults": (2048, 128), "message": "model's", "gib_format": None,
-        "versioned_flags": frozenset({"shutdown_timeout"}), "cuda_graph_budget": True,
-        "kv_cache_dtypes": ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
-        "block_sizes": None,
-    },
+_V0_11 = {
+    "block_size": 16, "utilization": 0.9, "extensible_kv_cache": False,
+    "async_scheduling": False, "in_flight": "batch", "null_block": False, "grouped_check": False,
+    "batch_defaults": ((70, "a100", 8192, 1024), (0, None, 2048, 256)), "cpu_batch_defaults": (2048, 128),
+    "message": "models's", "gib_format": "%.2f", "versioned_flags": frozenset({"swap_space"}),
+    "cuda_graph_budget": False,
+    "kv_cache_dtypes": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
+    "block_sizes": (1, 8, 16, 32, 64, 128, 256),
 }
+# Each later release as what changed since the one before: the table reads as vLLM's own changelog of these facts.
+_V0_19 = dict(_V0_11, async_scheduling=True, gib_format=None, versioned_flags=frozenset({"shutdown_timeout"}))
+_V0_32 = dict(
+    _V0_19, utilization=0.92, in_flight="batches", null_block=True, grouped_check=True,
+    batch_defaults=((160, None, 16384, 1024), (70, "a100", 8192, 1024), (0, None, 2048, 256)),
+    message="model's", cuda_graph_budget=True,
+    kv_cache_dtypes=("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
+    block_sizes=None)
+_V0_34 = dict(_V0_32, block_size=64, extensible_kv_cache=True)
+VERSIONS = {"0.11.0": _V0_11, "0.19.0": _V0_19, "0.32.0": _V0_32, "0.34.0": _V0_34}
 
 # Attention backends, in vLLM's order of preference per device, and the KV block sizes they take. Read in vLLM
 # 0.32.0 and 0.34.0 (the same there): platforms/cuda.py _get_backend_priorities and each backend's
