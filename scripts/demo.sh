@@ -51,8 +51,10 @@ under_load() {
 log "4/6 rolling restart under load (playbooks/rolling_restart.yml), then the naive pattern under the same load"
 roll_rc=0
 under_load roll ansible-playbook -i "$inventory" playbooks/rolling_restart.yml || roll_rc=$?
-report=$(ls -d reports/rolling-restart/*/ | sort | tail -1)report.json
-cp "$report" "$out/rolling-restart.json"
+keep_roll_report() {  # the newest roll's report (run directories are named after their start time)
+  cp "$(ls -d reports/rolling-restart/*/ | sort | tail -1)report.json" "$out/$1"
+}
+keep_roll_report rolling-restart.json
 # The common pattern: restart each host in turn, no drain, not waiting for the balancer. Its host events (for the
 # timeline) are when each `systemctl restart` began and returned.
 naive_restart() {
@@ -89,7 +91,7 @@ bad_roll_rc=0
 under_load bad-roll ansible-playbook -i "$inventory" playbooks/rolling_restart.yml -e rolling_restart_apply_config=true \
   -e "@$bad" || bad_roll_rc=$?
 servers bad-roll
-cp "$(ls -d reports/rolling-restart/*/ | sort | tail -1)report.json" "$out/bad-roll.json"
+keep_roll_report bad-roll.json
 log "   the roll stopped at its first host (exit $bad_roll_rc); putting that host back with the inventory's configuration"
 first=$(python -c 'import json,sys; print(sorted(json.load(open(sys.argv[1]))["hosts"])[0])' "$out/bad-roll.json")
 ansible-playbook -i "$inventory" playbooks/rolling_restart.yml --limit "localhost,$first" \
