@@ -10,8 +10,9 @@ max_num_batched_tokens and eager. An entry is {"key": that directory, "host", "i
 
 A load test (the vllm role's tasks/loadtest.yml) records its own entry in that directory's loadtest/ subdirectory,
 out of reach of the start entries' *.json: {"key", "host", "instance", "started", "p99_context", "max_num_seqs",
-"held_concurrency", "passed", "broken": [limit names]}. One whose KV cache did not hold max_num_seqs caps the next
-plan of the configuration at the concurrency it held (loadtest_cap).
+"held_concurrency", "passed", "broken": [limit names], "capped_by"}. One whose KV cache did not hold max_num_seqs caps
+the next plan of the configuration at the concurrency it held (loadtest_cap). A test of a plan so capped carries that
+cap in "capped_by" (the plan's own "loadtest"), so passing at the cap keeps it instead of the estimate coming back.
 """
 
 import re
@@ -107,35 +108,65 @@ LOADTEST = {
 }
 
 
+# A test that broke max_num_seqs, as a capped plan names it: its "loadtest".source (SOURCE) and the cap.
+SOURCE = ("host", "instance", "started", "p99_context", "max_num_seqs")
+
+
+def _entry(value, where, fields):
+    entry = as_dict(value, where)
+    missing = [name for name in fields if name not in entry]
+    if missing:
+        fail("%s lacks %s: pass a load-test entry of the calibration store (<key>/loadtest/<host>-<instance>.json, "
+             "written by the vllm role's tasks/loadtest.yml)" % (where, ", ".join(missing)))
+    for name, (check, wanted, what) in fields.items():
+        if not check(entry[name]):
+            fail("%s.%s must be %s (%s), got %r" % (where, name, wanted, what, entry[name]))
+    return {name: entry[name] for name in fields}
+
+
 def loadtest(value):
     """policy.loadtest checked at the door: a load-test entry of the calibration store."""
-    entry = as_dict(value, "policy.loadtest")
-    missing = [name for name in LOADTEST if name not in entry]
-    if missing:
-        fail("policy.loadtest lacks %s: pass a load-test entry of the calibration store (<key>/loadtest/<host>-"
-             "<instance>.json, written by the vllm role's tasks/loadtest.yml)" % ", ".join(missing))
-    for name, (check, wanted, what) in LOADTEST.items():
-        if not check(entry[name]):
-            fail("policy.loadtest.%s must be %s (%s), got %r" % (name, wanted, what, entry[name]))
-    return {name: entry[name] for name in LOADTEST}
+    entry = _entry(value, "policy.loadtest", LOADTEST)
+    capped_by = as_dict(value, "policy.loadtest").get("capped_by")
+    if capped_by is not None:
+        capped_by = as_dict(capped_by, "policy.loadtest.capped_by")
+        held = capped_by.get("held_concurrency")
+        if not _number(1)(held):
+            fail("policy.loadtest.capped_by.held_concurrency must be an integer of at least 1 (the cap the tested "
+                 "plan had), got %r" % (held,))
+        capped_by = {"held_concurrency": held, "source": _entry(
+            capped_by.get("source"), "policy.loadtest.capped_by.source", {n: LOADTEST[n] for n in SOURCE})}
+    return dict(entry, capped_by=capped_by)
 
 
 def loadtest_cap(entry, fields, context):
-    """The max_num_seqs a load test proved for this configuration at requests of `context` tokens, or None. Only a
-    test that broke max_num_seqs counts (a passing one, or one that failed for errors, latency or OOMs, says nothing
-    of the KV cache), of the same configuration, at a context at least as long: what held there holds for shorter
-    requests, a shorter test says nothing of longer ones."""
-    if "max_num_seqs" not in entry["broken"] or entry["key"] != key_path(fields) or entry["p99_context"] < context:
+    """(max_num_seqs, the test that set it) a load test proved for this configuration at requests of `context`
+    tokens, or None. Only a test that broke max_num_seqs sets a cap (a passing one, or one that failed for errors,
+    latency or OOMs, says nothing of the KV cache), of the same configuration, at a context at least as long: what
+    held there holds for shorter requests, a shorter test says nothing of longer ones. A test of a capped plan that
+    did not break max_num_seqs keeps the cap it ran with: the estimate above it already failed."""
+    if entry["key"] != key_path(fields):
         return None
-    return max(entry["held_concurrency"], 1)
+    if "max_num_seqs" in entry["broken"]:
+        held, source = max(entry["held_concurrency"], 1), {name: entry[name] for name in SOURCE}
+    elif entry["capped_by"] is not None:
+        held, source = entry["capped_by"]["held_concurrency"], entry["capped_by"]["source"]
+    else:
+        return None
+    return (held, source) if source["p99_context"] >= context else None
 
 
-def describe_loadtest(entry, planned):
-    """One line for the plan's `applied` when a load test capped max_num_seqs."""
-    return ("max_num_seqs %d: the load test on %s instance %s started %s held %d sequences at p99 context %d "
+def describe_loadtest(entry, capped, planned):
+    """One line for the plan's `applied` when a load test capped max_num_seqs (`capped`: the plan's loadtest)."""
+    source = capped["source"]
+    line = ("max_num_seqs %d: the load test on %s instance %s started %s held %d sequences at p99 context %d "
             "(max_num_seqs %d); the estimate allowed %d" % (
-                max(entry["held_concurrency"], 1), entry["host"], entry["instance"], entry["started"],
-                entry["held_concurrency"], entry["p99_context"], entry["max_num_seqs"], planned))
+                capped["held_concurrency"], source["host"], source["instance"], source["started"],
+                capped["held_concurrency"], source["p99_context"], source["max_num_seqs"], planned))
+    if source["started"] != entry["started"]:
+        line += "; the test on %s instance %s started %s ran at that cap" % (
+            entry["host"], entry["instance"], entry["started"])
+    return line
 
 
 def compile_cache(report):

@@ -84,12 +84,13 @@ def _loadtest_cap(ctx, result):
     and a capped one taking turns."""
     if ctx["loadtest"] is None:
         return result
-    held = calibration.loadtest_cap(ctx["loadtest"], _key_fields(ctx, result["tp"], result["kv_dtype"]),
-                                    ctx["p99"] or result["max_model_len"])
-    if held is None or held >= result["max_num_seqs"]:
+    cap = calibration.loadtest_cap(ctx["loadtest"], _key_fields(ctx, result["tp"], result["kv_dtype"]),
+                                   ctx["p99"] or result["max_model_len"])
+    if cap is None or cap[0] >= result["max_num_seqs"]:
         return result
-    capped = _attempt(ctx, result["tp"], result["kv_dtype"], held)
-    capped["loadtest"] = {"held_concurrency": held, "uncapped_max_num_seqs": result["max_num_seqs"]}
+    capped = _attempt(ctx, result["tp"], result["kv_dtype"], cap[0])
+    capped["loadtest"] = {"held_concurrency": cap[0], "uncapped_max_num_seqs": result["max_num_seqs"],
+                          "source": cap[1]}
     return capped
 
 
@@ -223,7 +224,8 @@ def _plan(ctx, result, fits, tried):
     if result["kv_dtype"].startswith("fp8"):
         warnings.append("fp8 KV cache: a small quality cost; check your evaluations")
     if result.get("loadtest"):
-        applied.append(calibration.describe_loadtest(ctx["loadtest"], result["loadtest"]["uncapped_max_num_seqs"]))
+        applied.append(calibration.describe_loadtest(ctx["loadtest"], result["loadtest"],
+                                                     result["loadtest"]["uncapped_max_num_seqs"]))
     elif ctx["peak"] and result["max_num_seqs"] < ctx["peak"]:
         applied.append("max_num_seqs %d (peak concurrency %d does not fit at context %d; floor %d)"
                        % (result["max_num_seqs"], ctx["peak"], ctx["p99"] or length, ctx["min_seqs"]))
@@ -287,8 +289,7 @@ def _plan(ctx, result, fits, tried):
             "; with that, tensor_parallel_size %d with kv_cache_dtype %s does not serve the workload, so the plan "
             "moved on" % (measured["tp"], measured["kv_dtype"]))))
     if result.get("loadtest"):
-        plan["loadtest"] = dict(result["loadtest"], source={k: ctx["loadtest"][k] for k in (
-            "host", "instance", "started", "p99_context", "max_num_seqs")})
+        plan["loadtest"] = result["loadtest"]
     if fits:
         plan["reason"] = ("%s fits on %d x %s: %s of KV cache per GPU holds %d tokens, %.2f requests at "
                           "max_model_len %d" % (name, tp * pp, ctx["gpu_name"], gib(budget["kv_cache_bytes"]),

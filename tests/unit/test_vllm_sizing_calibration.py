@@ -111,7 +111,8 @@ def loadtest_entry(plan, fixture=KV_HOLDS_4):
     return {"key": sz.calibration.calibration_key(plan), "host": "vllm-3", "instance": "main",
             "started": "2026-12-04T15:37:28Z", "p99_context": fixture["p99_context"],
             "max_num_seqs": plan["engine_args"]["max_num_seqs"], "held_concurrency": found["held_concurrency"],
-            "passed": found["passed"], "broken": [b["limit"] for b in found["broken"]]}
+            "passed": found["passed"], "broken": [b["limit"] for b in found["broken"]],
+            "capped_by": plan.get("loadtest")}  # as tasks/loadtest.yml records it
 
 
 def test_a_load_test_that_held_fewer_sequences_caps_the_next_plan():
@@ -133,6 +134,29 @@ def test_a_load_test_that_held_fewer_sequences_caps_the_next_plan():
     # A test at a longer context than the workload's holds for it too.
     shorter = vs.vllm_sizing(A10G, QWEN3, {"p99_context": 512, "peak_concurrency": 8}, dict(POLICY, loadtest=entry))
     assert shorter["engine_args"]["max_num_seqs"] == 4
+
+
+def test_a_passing_load_test_of_the_capped_plan_keeps_the_cap():
+    """The same run judged against the capped plan (max_num_seqs 4) passes; recorded in place of the failing entry
+    (same host and instance), it must not bring the estimate's 8 back: the estimate already failed."""
+    entry = loadtest_entry(vs.vllm_sizing(A10G, QWEN3, WORKLOAD, POLICY))
+    capped = vs.vllm_sizing(A10G, QWEN3, WORKLOAD, dict(POLICY, loadtest=entry))
+    passed = dict(loadtest_entry(capped), started="2026-12-05T09:00:00Z")
+    assert (passed["passed"], passed["held_concurrency"], passed["broken"]) == (True, 4, [])
+    assert passed["capped_by"] == capped["loadtest"]
+    again = vs.vllm_sizing(A10G, QWEN3, WORKLOAD, dict(POLICY, loadtest=passed))
+    assert again["engine_args"] == capped["engine_args"] and again["loadtest"] == capped["loadtest"]
+    assert ("max_num_seqs 4: the load test on vllm-3 instance main started 2026-12-04T15:37:28Z held 4 sequences "
+            "at p99 context 1024 (max_num_seqs 8); the estimate allowed 8; the test on vllm-3 instance main started "
+            "2026-12-05T09:00:00Z ran at that cap") in again["applied"]
+    # Breaking max_num_seqs again at the cap lowers it, and that test becomes the source.
+    lower = dict(passed, passed=False, broken=["max_num_seqs"], held_concurrency=3)
+    third = vs.vllm_sizing(A10G, QWEN3, WORKLOAD, dict(POLICY, loadtest=lower))
+    assert third["engine_args"]["max_num_seqs"] == 3 and third["loadtest"]["source"]["max_num_seqs"] == 4
+    # A carried cap set at a shorter context than the workload's says nothing of it.
+    longer = vs.vllm_sizing(A10G, QWEN3, {"p99_context": 2048, "peak_concurrency": 8}, POLICY)
+    assert vs.vllm_sizing(A10G, QWEN3, {"p99_context": 2048, "peak_concurrency": 8},
+                          dict(POLICY, loadtest=dict(passed, p99_context=4096))) == longer
 
 
 def test_a_passing_load_test_changes_nothing():
@@ -164,6 +188,11 @@ def test_a_load_test_at_a_shorter_context_or_of_another_configuration_is_ignored
     ({"broken": "max_num_seqs"}, r"policy.loadtest.broken must be a list of limit names"),
     ({"p99_context": 0}, r"policy.loadtest.p99_context must be an integer of at least 1"),
     ({"key": None}, r"policy.loadtest.key must be a non-empty string \(the store directory"),
+    ({"capped_by": 4}, r"policy.loadtest.capped_by must be a dict"),
+    ({"capped_by": {"held_concurrency": 0}}, r"policy.loadtest.capped_by.held_concurrency must be an integer of "
+                                             r"at least 1 \(the cap the tested plan had\), got 0"),
+    ({"capped_by": {"held_concurrency": 4, "source": {"host": "h"}}},
+     r"policy.loadtest.capped_by.source lacks instance, started, p99_context, max_num_seqs"),
 ])
 def test_malformed_load_test_entries(change, message):
     entry = loadtest_entry(vs.vllm_sizing(A10G, QWEN3, WORKLOAD, POLICY))

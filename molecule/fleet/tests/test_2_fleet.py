@@ -295,7 +295,7 @@ def test_6b_loadtest_proves_the_plan_on_a_drained_host():
     key_dir = os.path.dirname(os.path.dirname(entries[0]))
     assert entry == {"key": os.path.relpath(key_dir, store), "host": "vllm-3", "instance": "main",
                      "started": report["started"], "p99_context": 2048, "max_num_seqs": 8, "held_concurrency": 8,
-                     "passed": True, "broken": []}
+                     "passed": True, "broken": [], "capped_by": None}
     assert os.path.exists(os.path.join(key_dir, "vllm-3-main.json"))  # the start entry of the same configuration
     assert all_up()
 
