@@ -455,8 +455,9 @@ def test_10_a_wedged_engine_leaves_rotation_within_seconds_and_the_watchdog_rest
 
 def test_11_busy_servers_are_left_alone_and_a_wedge_without_capacity_waits(tmp_path):
     """A busier load (counters advancing on every server) never makes a watchdog say "down". Then vllm-1 and vllm-2
-    wedge: one run picks at most one host, and with rolling_restart_min_healthy 2 even that one would leave too
-    few servers UP, so it says "not restarting: capacity", the other that it waits, and nothing is restarted."""
+    wedge: one run picks at most one host, and with rolling_restart_min_healthy one more than the servers still UP
+    (vllm-3's, and vllm-4's since test_7 added it) even that one would leave too few servers UP, so it says "not
+    restarting: capacity", the other that it waits, and nothing is restarted."""
     since = sh("vllm-1", "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
     pids = {h: unit_props(h, UNIT, "MainPID")["MainPID"] for h in VLLM_HOSTS}
     with Load(str(tmp_path), "busy", clients=3, pause=0.2):
@@ -478,9 +479,11 @@ def test_11_busy_servers_are_left_alone_and_a_wedge_without_capacity_waits(tmp_p
         engine_core("vllm-2", "STOP")
         wait_until(lambda: server_states().get("vllm-1-main") == server_states().get("vllm-2-main") == "DOWN", 20,
                    0.5, "both wedged servers out of rotation")
-        run = playbook("playbooks/watchdog.yml", "-e", "rolling_restart_min_healthy=2")
+        needed = list(server_states().values()).count("UP") + 1
+        run = playbook("playbooks/watchdog.yml", "-e", f"rolling_restart_min_healthy={needed}")
         assert run.returncode == 0, run.stdout[-3000:]
-        assert "not restarting: capacity" in run.stdout and "rolling_restart_min_healthy is 2" in run.stdout
+        assert "not restarting: capacity" in run.stdout and f"rolling_restart_min_healthy is {needed}" in run.stdout, \
+            run.stdout[-3000:]
         # The run picks the host its watchdog saw wedged first. Which one that is depends on where each watchdog's
         # probe cycle was when its engine stopped, not on the 2 s between the stops: either may be the one.
         journals = {h: watchdog_journal(h, since) for h in ("vllm-1", "vllm-2")}
