@@ -376,6 +376,75 @@ def test_8_lora_adapters_load_and_unload_at_runtime(tmp_path):
     assert refused.returncode != 0 and "vllm_runtime_lora is false" in refused.stdout, refused.stdout[-3000:]
 
 
+# The driver scenario's NVIDIA-like repository (molecule/driver/files), served by balancer-1 for test_8b.
+DRIVER_FILES = os.path.join(PROJECT, "molecule", "driver", "files")
+DRIVER_REPO = "http://balancer-1:8081/compute/cuda/repos"
+DRIVER_VARS = {"nvidia_gpu_cuda_repo_url": DRIVER_REPO, "nvidia_gpu_driver_branch": "550",
+               "nvidia_gpu_driver_version": "550.127.08", "nvidia_gpu_install_kernel_headers": False,
+               # A container cannot reboot: the role records the reboot as pending instead.
+               "nvidia_gpu_reboot": False}
+
+
+def serve_driver_repository(host):
+    """Build molecule/driver's signed repository on `host` and serve it on the test network (port 8081)."""
+    sh(host, "apt-get update -qq"
+             " && apt-get install -y -qq --no-install-recommends apt-utils gpg gpg-agent >/dev/null", timeout=300)
+    for src, dest in ((os.path.join(DRIVER_FILES, "build-nvidia-repo.sh"), "/usr/local/bin/build-nvidia-repo"),
+                      (os.path.join(DRIVER_FILES, "standins"), "/usr/local/share/nvidia-standins"),
+                      (os.path.join(PROJECT, "tests", "fixtures", "nvidia-smi"),
+                       "/usr/local/share/nvidia-standins/nvidia-smi")):
+        subprocess.run(["docker", "cp", src, f"{host}:{dest}"], check=True)
+    sh(host, f"build-nvidia-repo /srv/nvidia-repo {DRIVER_REPO} /usr/local/share/nvidia-standins"
+             " && { systemctl is-active -q nvidia-repo || systemd-run --unit nvidia-repo"
+             " /usr/bin/python3 -m http.server 8081 --directory /srv/nvidia-repo; }")
+
+
+def test_8b_a_driver_change_goes_through_the_roll_host_by_host(tmp_path):
+    """vllm-4 runs driver 550.144.03; the roll applies 550.127.08 (rolling_restart_apply_driver): drained and stopped
+    first, then the nvidia_gpu role installs it from the driver scenario's NVIDIA-like repository. The new module
+    loads only at a reboot, which a container cannot do (nvidia_gpu_reboot false): the roll stops there, the host
+    drained and its vLLM stopped, the others serving. After the "reboot" (the module's sysfs file, as in
+    molecule/driver) the same roll starts vLLM on the new driver and puts the host back UP."""
+    host = "vllm-4"
+    serve_driver_repository("balancer-1")
+    # The host as a real one with 550.144.03 loaded: the GPUs described without a driver, the module in sysfs
+    # (the stand-in nvidia-smi then reports what is loaded), and Debian's initramfs tooling.
+    sh(host, "python3 -c 'import json; p=\"/etc/nvidia-smi-standin.json\"; d=json.load(open(p));"
+             " d.pop(\"driver_version\"); json.dump(d, open(p, \"w\"))'"
+             " && mkdir -p /sys/module/nvidia && echo 550.144.03 > /sys/module/nvidia/version"
+             " && apt-get update -qq && apt-get install -y -qq initramfs-tools >/dev/null", timeout=300)
+    assert "550.144.03" in sh(host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
+    extra = tmp_path / "driver-host.yml"
+    extra.write_text(json.dumps({"vllm": {"hosts": {host: {"vllm_runtime_lora": True}}}}))
+    args = ["-i", str(extra), "--limit", f"localhost,{host}", "-e", "rolling_restart_apply_driver=true",
+            "-e", json.dumps(DRIVER_VARS)]
+    others = invocations()
+
+    roll = playbook("playbooks/rolling_restart.yml", *args)
+    assert roll.returncode != 0, roll.stdout[-3000:]
+    stopped = roll.stdout.split(f"Rolling restart stopped at {host}: ", 1)[-1]
+    assert stopped.startswith("Refuse to start vLLM before the new driver is loaded: vllm-4: NVIDIA driver installed "
+                              "but not loaded, and nvidia_gpu_reboot is false: reboot the host, then re-run the roll "
+                              "for it"), roll.stdout[-3000:]
+    assert sh(host, "dpkg-query -W -f '${Version}' nvidia-smi").stdout == "550.127.08-1"
+    assert "nvidia-smi" in sh(host, "apt-mark showhold").stdout.split()
+    assert sh(host, "cat /run/nvidia-gpu-reboot-pending").stdout == "installed=550.127.08\nloaded=550.144.03\n"
+    states = server_states()
+    assert states[f"{host}-main"] == "MAINT" and all(states[f"{h}-main"] == "UP" for h in VLLM_HOSTS), states
+    assert unit_props(host, UNIT, "ActiveState")["ActiveState"] == "inactive"
+    assert [e["state"] for e in latest_report()["events"] if e["host"] == host] == ["start", "drained", "stopped", "failed"]
+
+    sh(host, "echo 550.127.08 > /sys/module/nvidia/version")  # the reboot
+    roll = playbook("playbooks/rolling_restart.yml", *args)
+    assert roll.returncode == 0, roll.stdout[-3000:]
+    assert sh(host, "test -e /run/nvidia-gpu-reboot-pending", check=False).returncode == 1
+    assert "550.127.08" in sh(host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout
+    events = [e["state"] for e in latest_report()["events"] if e["host"] == host]
+    assert events[:4] == ["start", "drained", "stopped", "driver"] and "ready" in events, events
+    assert healthy(host) and all_up()
+    assert invocations() == others  # no other host restarted
+
+
 def test_9_a_roll_starts_a_host_whose_start_limit_is_spent():
     """Starts count toward StartLimitBurst whoever makes them. A host restarted by hand once too often in the window
     refuses the next start; the roll's start re-arms the limit, so the deliberate start goes through."""
