@@ -1,8 +1,9 @@
 """The nvidia_gpu role's driver install, after converge (and idempotence) left both GPU hosts with the driver
-installed from repo-1's repository and a reboot pending. In order: what is configured and installed, the pending
-reboot, a "reboot" (the module appears in sysfs) and the converge that finishes the job and then does nothing, a
-driver change that waits while vLLM runs and applies once it is stopped (as in the rolling restart), a clear
-failure when a GPU is missing, and NVLSM on an NVLink 5 board (the HGX host shown as an HGX B200 for a while)."""
+installed from repo-1's repository (the A10G host through a proxy) and a reboot pending. In order: what is
+configured and installed, the pending reboot, a "reboot" (the module appears in sysfs) and the converge that
+finishes the job and then does nothing, a driver change that waits while vLLM runs and applies once it is stopped
+(as in the rolling restart), a clear failure when a GPU is missing, and NVLSM on an NVLink 5 board (the HGX host
+shown as an HGX B200 for a while)."""
 import re
 
 from fleet import playbook, sh
@@ -47,6 +48,19 @@ def test_repository_and_key_come_from_the_keyring_package():
                           "-o APT::Get::List-Cleanup=0 2>&1")
         # apt names a flat repository ("deb URL /") without the trailing slash.
         assert f"{REPO.rstrip('/')}  InRelease" in update.stdout and not re.search(r"NO_PUBKEY|not signed|W: ", update.stdout), update.stdout
+
+
+def test_the_proxy_carries_the_downloads_of_the_host_that_has_one():
+    """gpu-a10g has nvidia_gpu_proxy (Debian's tinyproxy on repo-1): the keyring package, the repository's index
+    and the driver packages came through it. gpu-hgx has none and went to repo-1 directly."""
+    log = sh("repo-1", "journalctl -u tinyproxy -o cat").stdout
+    for path in ("cuda-keyring_1.1-1_all.deb", "InRelease", f"nvidia-smi_{WANTED['gpu-a10g']}-1_amd64.deb"):
+        # apt asks for a flat repository's packages as "./name".
+        assert re.search(rf"GET {re.escape(REPO)}(\./)?{re.escape(path)} ", log), (path, log[-3000:])
+    assert f"nvidia-smi_{WANTED['gpu-hgx']}-1_amd64.deb" not in log
+    clients = set(re.findall(r"Connect \(file descriptor \d+\): (\S+)", log))
+    address = {host: sh(host, "hostname -I").stdout.split()[0] for host in WANTED}
+    assert address["gpu-a10g"] in clients and address["gpu-hgx"] not in clients, (clients, address)
 
 
 def test_driver_is_installed_at_the_wanted_version_pinned_and_held():
