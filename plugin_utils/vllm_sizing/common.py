@@ -28,14 +28,30 @@ def format_gib(n, fixed=None):
     return fixed % (n / GiB) if fixed else "%s" % round(n / GiB, 2)
 
 
-def as_int(value, field, minimum=1, allow_none=False):
+# No count, length or size the filters read comes near this; a larger one is a typo (or an attempt to make the
+# arithmetic loop over it) and is refused rather than sized.
+INT_LIMIT = 1 << 50
+
+
+def as_int(value, field, minimum=1, allow_none=False, maximum=INT_LIMIT):
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         fail("%s must be an integer, got %r" % (field, value))
     if value < minimum:
         fail("%s must be at least %d, got %d" % (field, minimum, value))
+    if value > maximum:
+        fail("%s must be at most %d, got %d" % (field, maximum, value))
     return value
+
+
+def as_names(value, field):
+    """A list of names (module names, patterns) as a tuple; None: empty."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        fail("%s must be a list of non-empty strings, got %r" % (field, value))
+    return tuple(value)
 
 
 def as_dict(value, field):

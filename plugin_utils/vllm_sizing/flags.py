@@ -6,7 +6,7 @@
 
 import json
 
-from .common import as_dict, as_int, fail
+from .common import as_dict, fail
 from .shape import DTYPES
 from .versions import VERSIONS, resolve_version
 
@@ -20,26 +20,26 @@ SIZING_ARGS = (
 SIZING_POLICY = {"model": "policy.model (the role: vllm_model or vllm_model_dir)",
                  "disable_custom_all_reduce": "policy.expandable_segments (it sets this flag with TP/PP > 1)"}
 
-# The only place vLLM flags are spelled. kind: value (one argument), list (nargs+), json (a dict as
-# JSON), bool (bare flag when true). `false` spells the negative form per version, only for booleans
-# whose default is on; other false booleans are defaults and are left out.
+# The only place vLLM flags are spelled. kind: str, int and number (one argument; min and max inclusive), choice
+# (one of choices), list (nargs+), json (a dict as JSON), bool (bare flag when true). `false` spells the negative
+# form per version, only for booleans whose default is on; other false booleans are defaults and are left out.
 FLAGS = {
-    "model": {"flag": "--model", "kind": "value"},
-    "host": {"flag": "--host", "kind": "value"},
-    "port": {"flag": "--port", "kind": "value"},
+    "model": {"flag": "--model", "kind": "str"},
+    "host": {"flag": "--host", "kind": "str"},
+    "port": {"flag": "--port", "kind": "int", "min": 1, "max": 65535},
     "served_model_name": {"flag": "--served-model-name", "kind": "list"},
-    "tensor_parallel_size": {"flag": "--tensor-parallel-size", "kind": "value"},
-    "pipeline_parallel_size": {"flag": "--pipeline-parallel-size", "kind": "value"},
-    "gpu_memory_utilization": {"flag": "--gpu-memory-utilization", "kind": "value"},
-    "max_model_len": {"flag": "--max-model-len", "kind": "value"},
-    "max_num_seqs": {"flag": "--max-num-seqs", "kind": "value"},
-    "max_num_batched_tokens": {"flag": "--max-num-batched-tokens", "kind": "value"},
-    "kv_cache_dtype": {"flag": "--kv-cache-dtype", "kind": "value"},
-    "block_size": {"flag": "--block-size", "kind": "value"},
-    "kv_cache_memory_bytes": {"flag": "--kv-cache-memory-bytes", "kind": "value"},
-    "num_gpu_blocks_override": {"flag": "--num-gpu-blocks-override", "kind": "value"},
-    "swap_space": {"flag": "--swap-space", "kind": "value"},
-    "cpu_offload_gb": {"flag": "--cpu-offload-gb", "kind": "value"},
+    "tensor_parallel_size": {"flag": "--tensor-parallel-size", "kind": "int", "min": 1},
+    "pipeline_parallel_size": {"flag": "--pipeline-parallel-size", "kind": "int", "min": 1},
+    "gpu_memory_utilization": {"flag": "--gpu-memory-utilization", "kind": "number", "min": 0, "max": 1},
+    "max_model_len": {"flag": "--max-model-len", "kind": "int", "min": 1},
+    "max_num_seqs": {"flag": "--max-num-seqs", "kind": "int", "min": 1},
+    "max_num_batched_tokens": {"flag": "--max-num-batched-tokens", "kind": "int", "min": 1},
+    "kv_cache_dtype": {"flag": "--kv-cache-dtype", "kind": "str"},
+    "block_size": {"flag": "--block-size", "kind": "int", "min": 1},
+    "kv_cache_memory_bytes": {"flag": "--kv-cache-memory-bytes", "kind": "int", "min": 1},
+    "num_gpu_blocks_override": {"flag": "--num-gpu-blocks-override", "kind": "int", "min": 1},
+    "swap_space": {"flag": "--swap-space", "kind": "number", "min": 0},
+    "cpu_offload_gb": {"flag": "--cpu-offload-gb", "kind": "number", "min": 0},
     "enforce_eager": {"flag": "--enforce-eager", "kind": "bool"},
     "disable_custom_all_reduce": {"flag": "--disable-custom-all-reduce", "kind": "bool"},
     "enable_expert_parallel": {"flag": "--enable-expert-parallel", "kind": "bool"},
@@ -54,28 +54,29 @@ FLAGS = {
     "async_scheduling": {"flag": "--async-scheduling", "kind": "bool",
                          "false": {"0.19.0": "--no-async-scheduling", "0.32.0": "--no-async-scheduling",
                                    "0.34.0": "--no-async-scheduling"}},
-    "shutdown_timeout": {"flag": "--shutdown-timeout", "kind": "value"},
+    "shutdown_timeout": {"flag": "--shutdown-timeout", "kind": "int", "min": 0},
     "enable_lora": {"flag": "--enable-lora", "kind": "bool"},
-    "max_loras": {"flag": "--max-loras", "kind": "value"},
-    "max_lora_rank": {"flag": "--max-lora-rank", "kind": "value"},
-    "max_cpu_loras": {"flag": "--max-cpu-loras", "kind": "value"},
+    "max_loras": {"flag": "--max-loras", "kind": "int", "min": 1},
+    "max_lora_rank": {"flag": "--max-lora-rank", "kind": "int", "min": 1},
+    "max_cpu_loras": {"flag": "--max-cpu-loras", "kind": "int", "min": 1},
     "enable_sleep_mode": {"flag": "--enable-sleep-mode", "kind": "bool"},
-    "quantization": {"flag": "--quantization", "kind": "value"},
-    "dtype": {"flag": "--dtype", "kind": "value"},
-    "seed": {"flag": "--seed", "kind": "value"},
+    "quantization": {"flag": "--quantization", "kind": "str"},
+    "dtype": {"flag": "--dtype", "kind": "choice", "choices": tuple(DTYPES)},
+    "seed": {"flag": "--seed", "kind": "int", "min": 0},
     "trust_remote_code": {"flag": "--trust-remote-code", "kind": "bool"},
-    "download_dir": {"flag": "--download-dir", "kind": "value"},
-    "tokenizer": {"flag": "--tokenizer", "kind": "value"},
-    "revision": {"flag": "--revision", "kind": "value"},
-    "generation_config": {"flag": "--generation-config", "kind": "value"},
-    "chat_template": {"flag": "--chat-template", "kind": "value"},
+    "download_dir": {"flag": "--download-dir", "kind": "str"},
+    "tokenizer": {"flag": "--tokenizer", "kind": "str"},
+    "revision": {"flag": "--revision", "kind": "str"},
+    "generation_config": {"flag": "--generation-config", "kind": "str"},
+    "chat_template": {"flag": "--chat-template", "kind": "str"},
     "enable_auto_tool_choice": {"flag": "--enable-auto-tool-choice", "kind": "bool"},
-    "tool_call_parser": {"flag": "--tool-call-parser", "kind": "value"},
-    "reasoning_parser": {"flag": "--reasoning-parser", "kind": "value"},
+    "tool_call_parser": {"flag": "--tool-call-parser", "kind": "str"},
+    "reasoning_parser": {"flag": "--reasoning-parser", "kind": "str"},
     "compilation_config": {"flag": "--compilation-config", "kind": "json"},
     "disable_log_stats": {"flag": "--disable-log-stats", "kind": "bool"},
-    "max_log_len": {"flag": "--max-log-len", "kind": "value"},
-    "uvicorn_log_level": {"flag": "--uvicorn-log-level", "kind": "value"},
+    "max_log_len": {"flag": "--max-log-len", "kind": "int", "min": 0},
+    "uvicorn_log_level": {"flag": "--uvicorn-log-level", "kind": "choice",
+                          "choices": ("critical", "error", "warning", "info", "debug", "trace")},
 }
 
 
@@ -141,9 +142,21 @@ def _render(key, spec, value, version, field):
         if not isinstance(value, dict):
             fail("%s must be a dict, got %r" % (field, value))
         words = [json.dumps(value, sort_keys=True, separators=(",", ":"))]
-    elif not isinstance(value, (str, int, float)):
-        fail("%s must be a string or a number, got %r" % (field, value))
+    elif kind == "choice":
+        if value not in spec["choices"]:
+            fail("%s must be one of %s, got %r" % (field, ", ".join(spec["choices"]), value))
+        words = [value]
+    elif kind == "str":
+        if not isinstance(value, str):
+            fail("%s must be a string, got %r" % (field, value))
+        words = [value]
     else:
+        number = int if kind == "int" else (int, float)
+        low, high = spec.get("min"), spec.get("max", float("inf"))
+        if not isinstance(value, number) or not low <= value <= high:  # NaN fails every comparison
+            fail("%s must be %s %s %s%s, got %r" % (
+                field, "an integer" if kind == "int" else "a number", "from" if "max" in spec else "of at least",
+                low, " to %s" % high if "max" in spec else "", value))
         words = [str(value)]
     for word in words:
         # A newline or other control character would end the unit's ExecStart line and start another.
@@ -174,11 +187,5 @@ def parse_serve_options(options, version):
         if value is None:
             continue
         _render(key, FLAGS[key], value, version, field)
-        if key == "dtype" and value not in DTYPES:
-            fail("%s must be one of %s, got %r" % (field, ", ".join(DTYPES), value))
-        if key in ("kv_cache_memory_bytes", "num_gpu_blocks_override"):
-            as_int(value, field)
-        if key == "cpu_offload_gb" and (isinstance(value, str) or value < 0):
-            fail("%s must be a number of GiB, at least 0, got %r" % (field, value))
         out[key] = value
     return out

@@ -6,6 +6,8 @@ null block reserved before the startup check and the binary search behind "the e
 is N". The one place this arithmetic lives.
 """
 
+import re
+
 from .common import as_int, cdiv, fail, format_gib
 from .shape import model_shape
 from .versions import AMX_FLAG, ATTENTION, CAPABILITIES, VERSIONS, resolve_version
@@ -106,13 +108,10 @@ def device_facts(device, compute_capability=None, cpu_flags=None):
 
 def parse_capability(value, field):
     """(major, minor) of nvidia-smi's compute_cap ("8.6"): the one parser of it."""
-    try:
-        capability = tuple(int(p) for p in str(value).split("."))
-    except ValueError:
-        capability = ()
-    if len(capability) != 2:
+    match = None if isinstance(value, bool) else re.fullmatch(r"(\d{1,3})\.(\d{1,3})", str(value))
+    if not match:
         fail("%s must look like \"8.6\", got %r (nvidia-smi's compute_cap)" % (field, value))
-    return capability
+    return int(match.group(1)), int(match.group(2))
 
 
 def _accepts(backend, block_size):

@@ -47,6 +47,8 @@ CONFIG_INTS = dict({key: 1 for key in MAX_LEN_KEYS}, **{
     "decoder_sparse_step": 1, "interleave_moe_layer_step": 1, "sliding_window_pattern": 1, "layer_pattern": 1,
     "max_window_layers": 0, "head_dim": 0, "q_lora_rank": 1, "qk_nope_head_dim": 1, "v_head_dim": 1,
 })
+MAX_LAYERS = 10000
+MAX_ROPE_FACTOR = 1024  # published configs use up to 64 (YaRN); more is a typo
 ROPE_PRESCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 
 
@@ -73,7 +75,8 @@ def model_shape(model, dtype=None, online=None):
             return as_int(value, "%s.%s" % (prefix, key), minimum=CONFIG_INTS[key])
         return value
 
-    layers = as_int(get("num_hidden_layers"), prefix + ".num_hidden_layers")
+    # Layers are walked one by one; the largest models have a few hundred.
+    layers = as_int(get("num_hidden_layers"), prefix + ".num_hidden_layers", maximum=MAX_LAYERS)
     heads = as_int(get("num_attention_heads"), prefix + ".num_attention_heads")
     hidden = as_int(get("hidden_size"), prefix + ".hidden_size")
     kv_heads = heads if get("num_key_value_heads") is None else as_int(
@@ -87,6 +90,9 @@ def model_shape(model, dtype=None, online=None):
         head_dim = get("head_dim")
         # Some configs write head_dim null or 0 for "derive it" (vLLM treats both as absent).
         head_size = hidden // heads if not head_dim else as_int(head_dim, prefix + ".head_dim")
+        if not head_size:
+            fail("%s.num_attention_heads %d is larger than hidden_size %d: no head size follows (give head_dim)"
+                 % (prefix, heads, hidden))
         head_size_v = head_size
 
     window = get("sliding_window")
@@ -129,14 +135,14 @@ def model_shape(model, dtype=None, online=None):
         how += ", quantized online"
     if how == "given" and dtype_bytes == 4 and quant is None:
         weights, how = weights * 2, how + ", served in float32"
+    max_len = _derived_max_len(text, get, model_type, prefix)
     return {
         "name": str(model.get("_name") or model.get("_name_or_path") or "the model"),
         "model_arg": model.get("_name") or model.get("_name_or_path"),
         "model_type": model_type, "layers": layers, "heads": heads, "kv_heads": kv_heads,
         "head_size": head_size, "head_size_v": head_size_v, "mla": mla, "windows": tuple(windows),
         "hidden": hidden, "dims": dims, "vocab": dims["vocab"],
-        "max_len": _derived_max_len(text, get, model_type, prefix),
-        "rotary_positions": _rotary_positions(text, model_type, _derived_max_len(text, get, model_type, prefix)),
+        "max_len": max_len, "rotary_positions": _rotary_positions(text, model_type, max_len),
         "weight_bytes": (weights, how), "modules": modules, "quantized": quantized,
         "quantization": quant, "dtype_bytes": dtype_bytes,
     }
@@ -176,12 +182,13 @@ def _derived_max_len(text, get, model_type, prefix):
         lengths = [get("max_position_embeddings")]
     derived = min(lengths) if lengths else 2048  # vLLM's fallback when config.json has no length
     rope = text.get("rope_scaling") or text.get("rope_parameters")
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    # Checked here for every model type: _rotary_positions reads Gemma 3's too.
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                               or not math.isfinite(factor) or not 0 < factor <= MAX_ROPE_FACTOR):
+        fail("%s.rope_scaling.factor must be a positive number up to %d, got %r" % (prefix, MAX_ROPE_FACTOR, factor))
     if isinstance(rope, dict) and "gemma3" not in model_type:
         rope_type = rope.get("rope_type") or rope.get("type") or "default"
-        factor = rope.get("factor")
-        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
-                                   or not math.isfinite(factor) or factor <= 0):
-            fail("%s.rope_scaling.factor must be a positive number, got %r" % (prefix, factor))
         if rope_type not in ROPE_PRESCALED and factor:
             derived = int(derived * factor)
     return int(derived)

@@ -7,7 +7,7 @@ GPU by tensor and pipeline parallelism.
 import fnmatch
 import re
 
-from .common import as_dict, as_int, cdiv, fail
+from .common import as_dict, as_int, as_names, cdiv, fail
 
 
 def module_tensors(dims, quant, dtype_bytes):
@@ -85,6 +85,8 @@ def module_tensors(dims, quant, dtype_bytes):
 #                 float32 per 256 blocks), 8-bit is one byte plus a float32 per output row.
 # Embeddings and norms stay 16-bit in every format; lm_head only with awq/gptq "lm_head": true.
 QUANT_METHODS = ("awq", "gptq", "fp8", "mxfp4", "compressed-tensors", "bitsandbytes")
+# compressed-tensors' QuantizationStrategy values.
+CT_STRATEGIES = ("tensor", "channel", "group", "block", "token", "tensor_group", "attn_head")
 
 
 def parse_quantization(config):
@@ -99,47 +101,82 @@ def parse_quantization(config):
              "vLLM loads (\"Model loading took\" x tensor_parallel_size)" % (field, method, ", ".join(QUANT_METHODS)))
     quant = {"method": method, "skip": (), "match": "substring", "lm_head": False}
     if method in ("awq", "gptq"):
-        bits = as_int(config.get("bits", config.get("w_bit")), field + ".bits")
+        bits = as_int(config.get("bits", config.get("w_bit")), field + ".bits", maximum=32)
         group = config.get("group_size", config.get("q_group_size", 128))
         group = -1 if group == -1 else as_int(group, field + ".group_size")
         zeros = bool(config.get("zero_point", True)) if method == "awq" else not config.get("sym", True)
+        # GPTQModel's "dynamic" overrides: a "-:" key skips the modules its pattern matches.
+        dynamic = [str(k) for k in as_dict(config.get("dynamic"), field + ".dynamic")]
         quant.update(bits=bits, group=group, zeros=zeros, lm_head=bool(config.get("lm_head")),
                      g_idx=method == "gptq" and bool(config.get("desc_act")),
-                     skip=tuple(config.get("modules_to_not_convert") or ()) + tuple(
-                         k[2:] for k in (config.get("dynamic") or {}) if k.startswith("-:")))
+                     skip=as_names(config.get("modules_to_not_convert"), field + ".modules_to_not_convert") + tuple(
+                         k[2:] for k in dynamic if k.startswith("-:") and len(k) > 2))
         if method == "gptq":
             quant["match"] = "regex_or_substring"
     elif method == "fp8":
-        block = config.get("weight_block_size")
-        quant.update(block=tuple(block) if block else None, match="exact",
-                     skip=tuple(config.get("ignored_layers") or config.get("modules_to_not_convert") or ()))
+        skip_key = "ignored_layers" if config.get("ignored_layers") else "modules_to_not_convert"
+        quant.update(block=_pair(config.get("weight_block_size"), field + ".weight_block_size"), match="exact",
+                     skip=as_names(config.get(skip_key), "%s.%s" % (field, skip_key)))
     elif method == "mxfp4":
-        quant.update(match="glob", skip=tuple(config.get("modules_to_not_convert") or ()))
+        quant.update(match="glob", skip=as_names(config.get("modules_to_not_convert"),
+                                                 field + ".modules_to_not_convert"))
     elif method == "bitsandbytes":
         quant.update(bits=4 if config.get("load_in_4bit") else 8, double=bool(config.get("bnb_4bit_use_double_quant")),
-                     skip=tuple(config.get("llm_int8_skip_modules") or ()))
+                     skip=as_names(config.get("llm_int8_skip_modules"), field + ".llm_int8_skip_modules"))
         if not (config.get("load_in_4bit") or config.get("load_in_8bit")):
             fail("%s: bitsandbytes without load_in_4bit or load_in_8bit is not a quantized checkpoint" % field)
     else:
         quant.update(_compressed_tensors(config, field))
+    for pattern in quant["skip"]:
+        _pattern_checked(pattern, quant["match"], field)
     return quant
+
+
+def _pair(value, field):
+    """A block shape [rows, columns] of positive integers; None: none."""
+    if not value:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        fail("%s must be a list of two integers (e.g. [128, 128]), got %r" % (field, value))
+    return tuple(as_int(v, "%s[%d]" % (field, i)) for i, v in enumerate(value))
+
+
+def _pattern_checked(pattern, mode, field):
+    """A skip or target entry that _matches reads as a regular expression must compile."""
+    regex = pattern[3:] if pattern.startswith("re:") else (
+        pattern if mode == "regex_or_substring" and any(c in pattern for c in "*+[(") else None)
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as error:
+            fail("%s: %r is not a valid regular expression (%s)" % (field, pattern, error))
 
 
 def _compressed_tensors(config, field):
     """The config_groups of a compressed-tensors checkpoint: (targets, weights scheme) in order, and the ignore list."""
     groups = []
     for name, group in sorted(as_dict(config.get("config_groups"), field + ".config_groups").items()):
-        weights = as_dict(group.get("weights"), "%s.config_groups.%s.weights" % (field, name))
+        where = "%s.config_groups.%s" % (field, name)
+        group = as_dict(group, where)
+        weights = as_dict(group.get("weights"), where + ".weights")
         strategy = weights.get("strategy") or "tensor"
-        scheme = {"bits": as_int(weights.get("num_bits"), "%s.config_groups.%s.weights.num_bits" % (field, name)),
-                  "strategy": strategy, "group": weights.get("group_size") or -1,
-                  "block": tuple(weights.get("block_structure") or (128, 128)),
+        if strategy not in CT_STRATEGIES:
+            fail("%s.weights.strategy must be one of %s, got %r" % (where, ", ".join(CT_STRATEGIES), strategy))
+        size = weights.get("group_size")
+        scheme = {"bits": as_int(weights.get("num_bits"), where + ".weights.num_bits", maximum=32),
+                  "strategy": strategy,
+                  "group": -1 if size in (None, -1) else as_int(size, where + ".weights.group_size"),
+                  "block": _pair(weights.get("block_structure"), where + ".weights.block_structure") or (128, 128),
                   "zeros": not weights.get("symmetric", True),
                   "scale_bytes": 4 if weights.get("type") == "float" else 2}
-        groups.append((tuple(group.get("targets") or ("Linear",)), scheme))
+        targets = as_names(group.get("targets"), where + ".targets") or ("Linear",)
+        for target in targets:
+            _pattern_checked(target, "regex_or_exact", where + ".targets")
+        groups.append((targets, scheme))
     if not groups:
         fail("%s.config_groups is empty: nothing says how the weights are stored" % field)
-    return {"groups": tuple(groups), "skip": tuple(config.get("ignore") or ()), "match": "regex_or_exact"}
+    return {"groups": tuple(groups), "skip": as_names(config.get("ignore"), field + ".ignore"),
+            "match": "regex_or_exact"}
 
 
 def _matches(name, pattern, mode):

@@ -97,7 +97,15 @@ def test_serve_cannot_contradict_the_plan(plan):
     ({"no_such_flag": 1}, r"serve.no_such_flag is not an engine argument this filter knows \(known: .*block_size"),
     ({"enable_lora": "yes"}, r"serve.enable_lora must be true or false, got 'yes'"),
     ({"port": True}, r"serve.port takes a value, not True"),
-    ({"port": [8000]}, r"serve.port must be a string or a number"),
+    ({"port": [8000]}, r"serve.port must be an integer from 1 to 65535, got \[8000\]"),
+    ({"port": "8000"}, r"serve.port must be an integer from 1 to 65535, got '8000'"),
+    ({"port": 0}, r"serve.port must be an integer from 1 to 65535, got 0"),
+    ({"seed": 1.5}, r"serve.seed must be an integer of at least 0, got 1.5"),
+    ({"cpu_offload_gb": float("nan")}, r"serve.cpu_offload_gb must be a number of at least 0, got nan"),
+    ({"max_loras": 0}, r"serve.max_loras must be an integer of at least 1, got 0"),
+    ({"dtype": "fp16"}, r"serve.dtype must be one of auto, half, float16, bfloat16, float, float32, got 'fp16'"),
+    ({"uvicorn_log_level": "verbose"}, r"serve.uvicorn_log_level must be one of critical, .*trace, got 'verbose'"),
+    ({"tokenizer": 7}, r"serve.tokenizer must be a string, got 7"),
     ({"compilation_config": "x"}, r"serve.compilation_config must be a dict"),
     ({"served_model_name": []}, r"serve.served_model_name must be a string or a list of strings"),
 ])
@@ -138,6 +146,7 @@ BASE = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "nu
     (dict(BASE, num_hidden_layers=0), r"model.num_hidden_layers must be at least 1, got 0"),
     (dict(BASE, num_key_value_heads=True), r"model.num_key_value_heads must be an integer, got True"),
     (dict(BASE, head_dim=12.5), r"model.head_dim must be an integer, got 12.5"),
+    (dict(BASE, num_attention_heads=512), r"model.num_attention_heads 512 is larger than hidden_size 256: no head size"),
     (dict(BASE, sliding_window=-1), r"model.sliding_window must be at least 0"),
     (dict(BASE, sliding_window=64, layer_types=["sliding_attention"]), r"model.layer_types must list the type of each"),
     (dict(BASE, layer_types=["linear_attention"] * 8, sliding_window=64),
@@ -186,6 +195,7 @@ def test_bad_memory_argument():
     ([gpu("A10G", "23028", "8.6")], {}, {}, r"gpus\[0\].memory_total_mib must be an integer, got '23028'"),
     ([gpu("A10G", 23028, "eight")], {}, {}, r"gpus\[0\].compute_capability must look like \"8.6\", got 'eight'"),
     ([gpu("A10G", 23028, None)], {}, {}, r"gpus\[0\].compute_capability must look like"),
+    ([gpu("A10G", 23028, "-0.5")], {}, {}, r"gpus\[0\].compute_capability must look like \"8.6\", got '-0.5'"),
     ([gpu("A10G", 23028, "8.6")], [], {}, r"workload must be a dict, got list"),
     ([gpu("A10G", 23028, "8.6")], {"p99_context": -5}, {}, r"workload.p99_context must be at least 1, got -5"),
     ([gpu("A10G", 23028, "8.6")], {"peak_concurrency": "many"}, {}, r"workload.peak_concurrency must be an integer"),
@@ -303,6 +313,10 @@ def test_a_mig_gpu_is_not_sized_as_the_whole_gpu():
     ("rope_scaling", {"rope_type": "linear", "factor": "2"}, r"model.rope_scaling.factor must be a positive number"),
     ("rope_scaling", {"rope_type": "dynamic", "factor": float("inf")}, r"rope_scaling.factor must be a positive"),
     ("mlp_only_layers", "0,1", r"model.mlp_only_layers must be a list of layer indices"),
+    # Absurd sizes are refused, not walked layer by layer or divided down to a head size of 0.
+    ("num_hidden_layers", 10 ** 30, r"model.num_hidden_layers must be at most 10000"),
+    ("vocab_size", 1 << 60, r"model.vocab_size must be at most 1125899906842624"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 1e9}, r"model.rope_scaling.factor must be a positive number up"),
 ])
 def test_malformed_config_fields_name_the_field(field, value, message):
     config = dict(vllm_model("Qwen/Qwen3-30B-A3B") if field == "mlp_only_layers" else vllm_model("Qwen/Qwen3-8B"),
@@ -318,3 +332,46 @@ def test_head_dim_zero_is_derived_as_vllm_does():
     qwen = vllm_model("Qwen/Qwen3-8B")
     derived = dict(qwen, head_dim=0)
     assert sz.shape.model_shape(derived)["head_size"] == qwen["hidden_size"] // qwen["num_attention_heads"]
+
+
+GPT_OSS_QUANT = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"]}
+FP8_QUANT = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+CT_QUANT = {"quant_method": "compressed-tensors", "ignore": ["lm_head"], "config_groups": {"group_0": {
+    "targets": ["Linear"], "weights": {"num_bits": 4, "strategy": "group", "group_size": 128, "symmetric": True}}}}
+
+
+@pytest.mark.parametrize("quant, message", [
+    (dict(GPT_OSS_QUANT, modules_to_not_convert=float("nan")),
+     r"model.quantization_config.modules_to_not_convert must be a list of non-empty strings, got nan"),
+    (dict(GPT_OSS_QUANT, modules_to_not_convert=[1]), r"modules_to_not_convert must be a list of non-empty strings"),
+    (dict(FP8_QUANT, weight_block_size="128"), r"weight_block_size must be a list of two integers \(e.g. \[128, 128\]\)"),
+    (dict(FP8_QUANT, weight_block_size=[128]), r"weight_block_size must be a list of two integers"),
+    (dict(FP8_QUANT, weight_block_size=[128, 0]), r"weight_block_size\[1\] must be at least 1, got 0"),
+    (dict(FP8_QUANT, ignored_layers=["re:model.layers.[0-"]),
+     r"model.quantization_config: 're:model.layers.\[0-' is not a valid regular expression"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "modules_to_not_convert": ["mlp.(gate"]},
+     r"'mlp.\(gate' is not a valid regular expression"),
+    ({"quant_method": "gptq", "bits": 64, "group_size": 128}, r"model.quantization_config.bits must be at most 32"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "dynamic": ["-:lm_head"]},
+     r"model.quantization_config.dynamic must be a dict, got list"),
+    (dict(CT_QUANT, ignore="lm_head"), r"model.quantization_config.ignore must be a list of non-empty strings"),
+    (dict(CT_QUANT, config_groups={"group_0": "Linear"}), r"model.quantization_config.config_groups.group_0 must be a dict"),
+    (dict(CT_QUANT, config_groups={"group_0": {"weights": {"num_bits": 4, "strategy": "rows"}}}),
+     r"config_groups.group_0.weights.strategy must be one of tensor, channel, group, block"),
+    (dict(CT_QUANT, config_groups={"group_0": {"weights": {"num_bits": 4, "strategy": "group", "group_size": "128"}}}),
+     r"config_groups.group_0.weights.group_size must be an integer, got '128'"),
+    (dict(CT_QUANT, config_groups={"group_0": {"targets": "Linear", "weights": {"num_bits": 8}}}),
+     r"config_groups.group_0.targets must be a list of non-empty strings"),
+])
+def test_malformed_quantization_config_names_the_field(quant, message):
+    config = dict(vllm_model("Qwen/Qwen3-8B"), quantization_config=quant)
+    config.pop("_weight_bytes", None)
+    with pytest.raises(AnsibleFilterError, match=message):
+        vllm_sizing(A10G, config, {"p99_context": 4096}, {"strict": False})
+    vllm_sizing(A10G, dict(config, quantization_config=QUANT_OK[quant["quant_method"]]), {"p99_context": 4096},
+                {"strict": False})
+
+
+QUANT_OK = {"mxfp4": GPT_OSS_QUANT, "fp8": FP8_QUANT, "compressed-tensors": CT_QUANT,
+            "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128, "modules_to_not_convert": ["mlp.(gate|up)"]},
+            "awq": {"quant_method": "awq", "bits": 4, "group_size": 128, "dynamic": {"-:lm_head": {}}}}

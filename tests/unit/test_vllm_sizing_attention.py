@@ -129,17 +129,24 @@ def test_plan_block_size_from_the_policy_is_checked_against_the_gpu():
 # --- Serving options (the vllm role's vllm_serve_options) ----------------------------------------------------------
 
 ROLE_OWNED = {"host", "port", "served_model_name", "shutdown_timeout", "enable_lora", "max_loras"}
-SAMPLES = {"value": "x1", "list": ["a", "b"], "json": {"level": 0}, "bool": True}
+SAMPLES = {"str": "x1", "list": ["a", "b"], "json": {"level": 0}, "bool": True}
+
+
+def sample(spec):
+    """A valid value of a flag of the table, from its kind."""
+    if spec["kind"] == "choice":
+        return spec["choices"][0]
+    if spec["kind"] in ("int", "number"):
+        return max(spec["min"], 1)
+    return SAMPLES[spec["kind"]]
 
 
 @pytest.mark.parametrize("version", sorted(sz.versions.VERSIONS))
 def test_every_flag_of_the_table_reaches_the_command_line(version):
     """Each flag is set by the plan (sizing), by the role's own variables, or through serve_options."""
     settable = sorted(set(sz.flags.available_flags(version)) - set(sz.flags.SIZING_ARGS) - ROLE_OWNED)
-    numeric = {"kv_cache_memory_bytes": 20 << 30, "num_gpu_blocks_override": 50000, "cpu_offload_gb": 0,
-               "dtype": "float16", "seed": 0, "max_lora_rank": 16, "max_cpu_loras": 4, "max_log_len": 100,
-               "swap_space": 4}
-    options = {key: numeric.get(key, SAMPLES[sz.flags.FLAGS[key]["kind"]]) for key in settable}
+    sized = {"kv_cache_memory_bytes": 20 << 30, "num_gpu_blocks_override": 50000}  # the smallest would not fit
+    options = {key: sized.get(key) or sample(sz.flags.FLAGS[key]) for key in settable}
     rendered = vllm_serve_args(plan(H100, vllm_version=version, serve_options=options))
     for key in settable:
         assert sz.flags.FLAGS[key]["flag"] in rendered, key
@@ -167,7 +174,7 @@ def test_serve_options_render_into_the_plan():
     ({"tokenizer": "--api-key"}, r"policy.serve_options.tokenizer: '--api-key' is not a value vLLM can take"),
     ({"served_model_name": ["a", True]}, r"must be a string or a list of strings"),
     ({"kv_cache_memory_bytes": "8G"}, r"policy.serve_options.kv_cache_memory_bytes must be an integer"),
-    ({"cpu_offload_gb": -1}, r"policy.serve_options.cpu_offload_gb must be a number of GiB"),
+    ({"cpu_offload_gb": -1}, r"policy.serve_options.cpu_offload_gb must be a number of at least 0, got -1"),
     ("dtype=float16", r"policy.serve_options must be a dict"),
 ])
 def test_bad_serve_options(options, message):
