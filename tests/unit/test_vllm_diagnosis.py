@@ -90,6 +90,7 @@ CASES = {
     # Failure 3: V1 (0.32 CPU build here, 0.34's process monitor, a GPU server) and V0.
     "cpu032-engine-dead.log": ("engine_dead", {"engine": "V1"}),
     "v034-engine-core-died.log": ("engine_dead", {"engine": "V1"}),
+    "vllm-32468-engine-core-proc-died.log": ("engine_dead", {"engine": "V1"}),
     "club-3090-58-engine-dead.log": ("engine_dead", {"engine": "V1"}),
     "vllm-ascend-488-async-engine-dead.log": ("engine_dead", {"engine": "V0"}),
     # Source lines quoting a message are not the message: only "failed to start" is left.

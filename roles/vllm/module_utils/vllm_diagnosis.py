@@ -123,10 +123,11 @@ _FAILURES = (
     ("cause", "oom:cuda", _start(r"CUDA error: out of memory")),
     ("cause", "oom:cublas", _start(r"CUDA error: CUBLAS_STATUS_ALLOC_FAILED")),
     ("cause", "oom:nccl", re.compile(r"^(?:\S+:\d+:\d+ \[\d+\] \S+ NCCL WARN )?Cuda failure (?:\d+ )?'out of memory'")),
-    # Printed only after the engine was up.
+    # Printed only after the engine was up. "Engine core proc X died unexpectedly, shutting down client." is the
+    # client's process monitor before 0.32; 0.34's API server monitor raises "Engine core process X died ...".
     ("death", "engine_dead", re.compile(
         r"^(?:EngineCore encountered a fatal error\.|AsyncLLM output_handler failed\.|(?:[\w.]+\.)?(?P<v0>Async)?"
-        r"EngineDeadError: |" + EXCEPTION_PREFIX + r"Engine core process \S+ died unexpectedly)")),
+        r"EngineDeadError: |" + EXCEPTION_PREFIX + r"Engine core proc(?:ess)? \S+ died unexpectedly)")),
     # A worker can also die while vLLM starts: it ends the engine but tells nothing about when.
     ("died", "engine_dead", re.compile(r"^Worker proc \S+ died unexpectedly")),
     ("startup_failed", "startup_failed", re.compile(
