@@ -89,6 +89,7 @@ CASES = {
     "vllm-18446-nccl-no-errno.log": ("runtime_oom", {"source": "nccl", "engine_dead": True}),
     # Failure 3: V1 (0.32 CPU build here, 0.34's process monitor, a GPU server) and V0.
     "cpu032-engine-dead.log": ("engine_dead", {"engine": "V1"}),
+    "cpu032-enginecore-sigkill.log": ("engine_dead", {"engine": "V1"}),
     "v034-engine-core-died.log": ("engine_dead", {"engine": "V1"}),
     "vllm-32468-engine-core-proc-died.log": ("engine_dead", {"engine": "V1"}),
     "club-3090-58-engine-dead.log": ("engine_dead", {"engine": "V1"}),
