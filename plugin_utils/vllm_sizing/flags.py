@@ -1,7 +1,7 @@
 # Copyright: contributors to vllm-fleet
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The command line: the only place vLLM flags are spelled (FLAGS), the serving options a plan takes, and the
-`vllm serve` arguments of a plan.
+"""The command line: the only place vLLM flags are spelled (FLAGS; the negative forms of booleans, which change
+between releases, in the version table), the serving options a plan takes, and the `vllm serve` arguments of a plan.
 """
 
 import json
@@ -20,9 +20,10 @@ SIZING_ARGS = (
 SIZING_POLICY = {"model": "policy.model (the role: vllm_model or vllm_model_dir)",
                  "disable_custom_all_reduce": "policy.expandable_segments (it sets this flag with TP/PP > 1)"}
 
-# The only place vLLM flags are spelled. kind: str, int and number (one argument; min and max inclusive), choice
-# (one of choices), list (nargs+), json (a dict as JSON), bool (bare flag when true). `false` spells the negative
-# form per version, only for booleans whose default is on; other false booleans are defaults and are left out.
+# The only place vLLM flags are spelled, but for the negative forms of booleans, which change between releases and
+# so live in the version table (VERSIONS[...]["negative_flags"]). kind: str, int and number (one argument; min and max
+# inclusive), choice (one of choices), list (nargs+), json (a dict as JSON), bool (bare flag when true; when false
+# the release's negative form, or nothing for booleans off by default).
 FLAGS = {
     "model": {"flag": "--model", "kind": "str"},
     "host": {"flag": "--host", "kind": "str"},
@@ -43,17 +44,9 @@ FLAGS = {
     "enforce_eager": {"flag": "--enforce-eager", "kind": "bool"},
     "disable_custom_all_reduce": {"flag": "--disable-custom-all-reduce", "kind": "bool"},
     "enable_expert_parallel": {"flag": "--enable-expert-parallel", "kind": "bool"},
-    "enable_prefix_caching": {
-        "flag": "--enable-prefix-caching", "kind": "bool",
-        "false": {"0.19.0": "--no-enable-prefix-caching", "0.32.0": "--no-enable-prefix-caching",
-                  "0.34.0": "--disable-prefix-caching"}},
-    "enable_chunked_prefill": {
-        "flag": "--enable-chunked-prefill", "kind": "bool",
-        "false": {"0.19.0": "--no-enable-chunked-prefill", "0.32.0": "--no-enable-chunked-prefill",
-                  "0.34.0": "--disable-chunked-prefill"}},
-    "async_scheduling": {"flag": "--async-scheduling", "kind": "bool",
-                         "false": {"0.19.0": "--no-async-scheduling", "0.32.0": "--no-async-scheduling",
-                                   "0.34.0": "--no-async-scheduling"}},
+    "enable_prefix_caching": {"flag": "--enable-prefix-caching", "kind": "bool"},
+    "enable_chunked_prefill": {"flag": "--enable-chunked-prefill", "kind": "bool"},
+    "async_scheduling": {"flag": "--async-scheduling", "kind": "bool"},
     "shutdown_timeout": {"flag": "--shutdown-timeout", "kind": "int", "min": 0},
     "enable_lora": {"flag": "--enable-lora", "kind": "bool"},
     "max_loras": {"flag": "--max-loras", "kind": "int", "min": 1},
@@ -129,7 +122,7 @@ def _render(key, spec, value, version, field):
             fail("%s must be true or false, got %r" % (field, value))
         if value:
             return [spec["flag"]]
-        negative = spec.get("false", {}).get(version)
+        negative = VERSIONS[version]["negative_flags"].get(key)
         return [negative] if negative else []
     if isinstance(value, bool):
         fail("%s takes a value, not %r" % (field, value))

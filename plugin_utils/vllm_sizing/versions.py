@@ -26,6 +26,9 @@ PINNED_VERSION = "0.34.0"
 #                    installed source); block_sizes: --block-size choices (BlockSize), None: any positive integer the
 #                    attention backend takes (0.32 and later)
 #   versioned_flags: flags of FLAGS (flags.py) that only some releases have, this one's (the rest all have)
+#   negative_flags: how a boolean of FLAGS on by default (or in some release) is turned off, per release: every row
+#                   has every such flag, or a false value would render nothing and vLLM's default (on) would win.
+#                   0.11 to 0.32 derive --no-X from the bool type (argparse BooleanOptionalAction in arg_utils.py)
 #   cuda_graph_budget: the CUDA-graph estimate is taken from the KV memory (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
 #                      default on since 0.21); before, graphs are captured after the KV cache, in the headroom
 _V0_11 = {
@@ -33,6 +36,9 @@ _V0_11 = {
     "async_scheduling": False, "in_flight": "batch", "null_block": False, "grouped_check": False,
     "batch_defaults": ((70, "a100", 8192, 1024), (0, None, 2048, 256)), "cpu_batch_defaults": (2048, 128),
     "message": "models's", "gib_format": "%.2f", "versioned_flags": frozenset({"swap_space"}),
+    "negative_flags": {"enable_prefix_caching": "--no-enable-prefix-caching",
+                       "enable_chunked_prefill": "--no-enable-chunked-prefill",
+                       "async_scheduling": "--no-async-scheduling"},
     "cuda_graph_budget": False,
     "kv_cache_dtypes": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
     "block_sizes": (1, 8, 16, 32, 64, 128, 256),
@@ -45,7 +51,9 @@ _V0_32 = dict(
     message="model's", cuda_graph_budget=True,
     kv_cache_dtypes=("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
     block_sizes=None)
-_V0_34 = dict(_V0_32, block_size=64, extensible_kv_cache=True)
+_V0_34 = dict(_V0_32, block_size=64, extensible_kv_cache=True, negative_flags=dict(
+    _V0_32["negative_flags"], enable_prefix_caching="--disable-prefix-caching",
+    enable_chunked_prefill="--disable-chunked-prefill"))
 VERSIONS = {"0.11.0": _V0_11, "0.19.0": _V0_19, "0.32.0": _V0_32, "0.34.0": _V0_34}
 
 # Attention backends, in vLLM's order of preference per device, and the KV block sizes they take. Read in vLLM

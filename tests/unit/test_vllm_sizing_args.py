@@ -60,6 +60,26 @@ def test_booleans_and_negative_forms_per_version(plan):
     assert "--enable-expert-parallel" in vllm_serve_args(plan, {"enable_expert_parallel": True})
 
 
+@pytest.mark.parametrize("version", sorted(sz.versions.VERSIONS))
+@pytest.mark.parametrize("key", ["enable_prefix_caching", "enable_chunked_prefill", "async_scheduling"])
+def test_every_release_row_renders_a_false_boolean(plan, version, key):
+    """A false boolean on by default in some release renders its negative form under every row: left out, vLLM's
+    default (on) would win silently (0.11.0 already had --no-enable-prefix-caching, BooleanOptionalAction)."""
+    args = vllm_serve_args(dict(plan, vllm_version=version), {key: False})
+    negative = [a for a in args if a.startswith(("--no-", "--disable-")) and key.split("_", 1)[1].replace(
+        "_", "-") in a]
+    assert len(negative) == 1, (version, key, args)
+    assert "--" + key.replace("_", "-") not in args
+
+
+def test_negative_forms_are_per_release_rows_of_booleans():
+    """Every release row spells the same booleans' negative forms: a new row cannot leave one out."""
+    rows = sz.versions.VERSIONS.values()
+    keys = {frozenset(row["negative_flags"]) for row in rows}
+    assert len(keys) == 1
+    assert all(sz.flags.FLAGS[key]["kind"] == "bool" for key in keys.pop())
+
+
 def test_dict_renders_as_json(plan):
     args = vllm_serve_args(plan, {"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4], "level": 3}})
     i = args.index("--compilation-config")
