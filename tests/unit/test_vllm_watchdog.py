@@ -191,3 +191,63 @@ def test_the_agent_reply_stays_one_short_ascii_line(evidence):
     j.verdict, j.evidence = "down", evidence
     reply = j.agent_reply()
     assert reply.count("\n") == 1 and reply.endswith("\n") and len(reply) <= 207 and reply.isascii()
+
+
+def wedged_dog(textfile):
+    """A watchdog of two instances, "main" wedged at T0 + STALL (busy-2 held, no counter moving), "side" up."""
+    config = {"instances": [{"name": "main", "port": 8000}, {"name": "side", "port": 8001}], "stall_seconds": STALL,
+              "probe_timeout": PROBE_TIMEOUT, "probe_interval": PROBE_INTERVAL, "textfile": textfile}
+    dog = watchdog.Watchdog(config)
+    dog.judges["main"].observe(T0, "4242", True, metrics("busy-2"))
+    dog.judges["main"].observe(T0 + STALL, "4242", True, metrics("busy-2"))
+    dog.judges["side"].observe(T0, "5151", True, metrics("busy-1"))
+    return dog
+
+
+def test_the_verdicts_go_to_node_exporters_textfile_whole(tmp_path):
+    """What the VllmEngineWedged alert reads: 1 or 0 per unit (the name node exporter's systemd collector uses, so
+    the monitoring role relabels it to the same `instance`), and since when for the wedged ones."""
+    path = tmp_path / "vllm-watchdog.prom"
+    dog = wedged_dog(str(path))
+    logged = []
+    dog.log = lambda name, line: logged.append((name, line))
+    dog.write_textfile(dog.state())
+    assert path.read_text() == (
+        "# HELP vllm_fleet_watchdog_wedged 1 while vllm-watchdog judges the instance wedged (HAProxy agent: down).\n"
+        "# TYPE vllm_fleet_watchdog_wedged gauge\n"
+        'vllm_fleet_watchdog_wedged{name="vllm@main.service"} 1\n'
+        'vllm_fleet_watchdog_wedged{name="vllm@side.service"} 0\n'
+        "# HELP vllm_fleet_watchdog_wedged_since_seconds When vllm-watchdog judged the instance wedged (Unix time); "
+        "only while wedged.\n"
+        "# TYPE vllm_fleet_watchdog_wedged_since_seconds gauge\n"
+        'vllm_fleet_watchdog_wedged_since_seconds{name="vllm@main.service"} %d\n' % (T0 + STALL))
+    # Written through a temp file renamed over it (node exporter never reads half a file), none left behind.
+    assert [p.name for p in tmp_path.iterdir()] == ["vllm-watchdog.prom"] and logged == []
+    # The engine moves again: 0, and no since.
+    dog.judges["main"].observe(T0 + STALL + 5, "4242", True, metrics("busy-2") | {"vllm:generation_tokens_total": 1e4})
+    dog.write_textfile(dog.state())
+    assert 'vllm_fleet_watchdog_wedged{name="vllm@main.service"} 0\n' in path.read_text()
+    assert "vllm_fleet_watchdog_wedged_since_seconds{" not in path.read_text()
+
+
+def test_no_textfile_directory_is_said_once_and_never_stops_the_watchdog(tmp_path):
+    """Without node exporter's directory (a host without host_exporters, a directory removed) the watchdog goes on
+    judging and answering HAProxy; it says so once, and once again when the file can be written."""
+    directory = tmp_path / "node-exporter"
+    dog = wedged_dog(str(directory / "vllm-watchdog.prom"))
+    logged = []
+    dog.log = lambda name, line: logged.append((name, line))
+    dog.write_textfile(dog.state())
+    dog.write_textfile(dog.state())
+    assert len(logged) == 1 and logged[0][0] == "textfile" and "FileNotFoundError" in logged[0][1]
+    assert dog.reply("main").startswith("down #wedged: ")
+    directory.mkdir()
+    dog.write_textfile(dog.state())
+    assert logged[1:] == [("textfile", "written again: %s" % (directory / "vllm-watchdog.prom"))]
+    assert 'vllm_fleet_watchdog_wedged{name="vllm@main.service"} 1\n' in (directory / "vllm-watchdog.prom").read_text()
+
+
+def test_no_textfile_configured_writes_nothing(tmp_path):
+    dog = wedged_dog("")
+    dog.write_textfile(dog.state())
+    assert not list(tmp_path.iterdir())

@@ -499,6 +499,10 @@ def test_10_a_wedged_engine_leaves_rotation_within_seconds_and_the_watchdog_rest
             out = time.time()
             assert healthy(host)  # the blind spot: /health still 200
             reply = agent(host)
+            # Its verdict for Prometheus (VllmEngineWedged), in node exporter's textfile directory on the host.
+            textfile = "cat /var/lib/prometheus/node-exporter/vllm-watchdog.prom"
+            wait_until(lambda: f'vllm_fleet_watchdog_wedged{{name="{UNIT}"}} 1' in sh(host, textfile).stdout, 5, 0.5,
+                       "the watchdog's verdict in its textfile")
             run = playbook("playbooks/watchdog.yml")
     finally:
         if server_states().get(server) != "UP":  # failed: let the next tests find a serving fleet
