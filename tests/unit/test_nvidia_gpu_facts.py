@@ -467,3 +467,20 @@ def test_standin_after_an_upgrade_without_reboot_reports_the_mismatch(tmp_path):
     assert out.returncode == 18
     assert out.stdout == "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 550.144\n"
     assert "driver/library version mismatch" in m.RC_HINTS[18]
+
+
+def test_an_8x_h200_host_is_planned_from_what_the_standin_prints(tmp_path):
+    """End to end on realistic facts: the module reads the stand-in's 8 x H200 (143771 MiB each, as real H200
+    hosts print), and the sizing filter plans a 235B FP8 MoE over all eight from those facts."""
+    import vllm_sizing as vs  # filter_plugins, on the path from conftest
+
+    out = run_module({"nvidia_smi_path": str(STANDIN)}, tmp_path,
+                     {"NVIDIA_SMI_STANDIN": str(FIXTURES / "h200-8.json")})
+    gpus = out["ansible_facts"]["nvidia_gpus"]
+    assert [(g["name"], g["memory_total_mib"], g["compute_capability"]) for g in gpus] == \
+        [("NVIDIA H200", 143771, "9.0")] * 8
+    name = "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8"
+    plan = vs.vllm_sizing(gpus, vs.vllm_model(name), {"p99_context": 32768, "peak_concurrency": 32},
+                          {"model": name, "tensor_parallel_size": 8})
+    assert plan["fits"], plan
+    assert plan["engine_args"]["tensor_parallel_size"] == 8 and plan["engine_args"]["max_model_len"] >= 32768
