@@ -134,6 +134,17 @@ def test_after_the_reboot_the_role_starts_the_services_and_checks_the_gpus():
     assert "TASK [nvidia_gpu : Install the driver packages]" not in again.stdout
     assert "TASK [nvidia_gpu : Add NVIDIA's CUDA repository (cuda-keyring)]" not in again.stdout
 
+    # A driver that needs no work but lost its pin and hold (as one from an image or a hand install has none):
+    # the run puts them back, still without package work.
+    sh("gpu-a10g", "apt-mark unhold nvidia-smi nvidia-driver && rm /etc/apt/preferences.d/nvidia-gpu-driver")
+    held = playbook(CONVERGE, "--limit", "gpu-a10g")
+    assert held.returncode == 0, held.stdout[-3000:]
+    assert "TASK [nvidia_gpu : Install the driver packages]" not in held.stdout
+    # The pin and the hold (one task of several packages), nothing else.
+    assert recap(held, "gpu-a10g")["changed"] == 2, held.stdout[-3000:]
+    assert DRIVER_PACKAGES <= set(sh("gpu-a10g", "apt-mark showhold").stdout.split())
+    assert "Pin: version 550.*" in sh("gpu-a10g", "cat /etc/apt/preferences.d/nvidia-gpu-driver").stdout
+
 
 def test_a_driver_change_waits_while_vllm_serves_and_applies_once_it_is_stopped():
     host, new = "gpu-a10g", "550.127.08"
