@@ -337,16 +337,23 @@ def test_6c_loadtest_fails_a_plan_whose_kv_cache_cannot_hold_max_num_seqs():
 
 
 def test_7_adding_a_gpu_host_restarts_no_existing_host(tmp_path):
-    """vllm-4 (bare, with runtime LoRA on) joins: its server appears in MAINT, it deploys, it is enabled when ready;
-    no traffic is lost and no existing vLLM process restarts."""
+    """vllm-4 (bare, with runtime LoRA on) joins: its server appears in MAINT, it deploys, it passes a load test
+    while still in MAINT (add_gpu_host_require_loadtest), it is enabled; no traffic is lost and no existing vLLM
+    process restarts."""
     extra = tmp_path / "new-host.yml"
     extra.write_text(json.dumps({"vllm": {"hosts": {"vllm-4": {
         "vllm_runtime_lora": True,
         "vllm_lora_adapters": [{"name": "tiny-lora", "path": "/srv/vllm-fleet-cache/models/tiny-llama-lora"}]}}}}))
     before = invocations()
     with Load(str(tmp_path), "add-host") as load:
-        added = playbook("playbooks/add_gpu_host.yml", "-i", str(extra), "-e", "new_hosts=vllm-4")
+        added = playbook("playbooks/add_gpu_host.yml", "-i", str(extra), "-e", "new_hosts=vllm-4",
+                         "-e", "add_gpu_host_require_loadtest=true", *LOADTEST_ARGS)
     assert added.returncode == 0, added.stdout[-3000:]
+    # Tested before it was enabled: the test's task runs ahead of the enable task, and measured real traffic.
+    enable = added.stdout.index("TASK [balancer : Put the host's servers in READY")
+    assert added.stdout.index("vllm-4 instance main: load test PASSED") < enable, added.stdout[-3000:]
+    report, _ = latest_loadtest("vllm-4")
+    assert report["verdict"]["passed"] and all(s["completed"] == s["requests"] > 0 for s in report["stages"])
     assert invocations() == before
     assert server_states() == {f"{h}-main": "UP" for h in VLLM_HOSTS + ["vllm-4"]}
     assert load.report["totals"]["failed"] == 0, load.report["errors"]
