@@ -5,7 +5,9 @@ same configuration.
 
 The store (the vllm role's vllm_calibration_dir, next to the inventory) holds one JSON entry per instance start,
 under the directory calibration_key(plan) names: GPU model / model / vLLM version / parallelism, dtype, KV dtype,
-max_num_batched_tokens and eager. An entry is {"key": that directory, "host", "instance", "started_at",
+max_num_batched_tokens and eager. Not the utilization: the measured parts (weights, activation, non-torch, graphs) do
+not depend on it, so a start calibrates plans at any utilization, and the KV it printed is compared with a
+prediction only at the same one (comparable_kv). An entry is {"key": that directory, "host", "instance", "started_at",
 "invocation_id", "report": {...}}; a bare report is taken as measured on the plan's first configuration.
 
 A load test (the vllm role's tasks/loadtest.yml) records its own entry in that directory's loadtest/ subdirectory,
@@ -66,6 +68,11 @@ def measurement(value):
         if name.endswith("_bytes") and (isinstance(number, bool) or not isinstance(number, int) or number < 0):
             fail("policy.measured: %s must be a number of bytes, got %r (pass vllm_startup_report's dict or a "
                  "calibration store entry)" % (name, number))
+    utilization = report.get("gpu_memory_utilization")
+    if utilization is not None and (isinstance(utilization, bool) or not isinstance(utilization, (int, float))
+                                    or not 0 < utilization <= 1):
+        fail("policy.measured: gpu_memory_utilization must be a number above 0 and at most 1, got %r (pass "
+             "vllm_startup_report's dict or a calibration store entry)" % (utilization,))
     if not any(k in report for k in list(PARTS) + ["available_kv_cache_bytes"]):
         fail("policy.measured holds none of %s: not a vllm_startup_report of a start"
              % ", ".join(list(PARTS) + ["available_kv_cache_bytes"]))
@@ -176,7 +183,43 @@ def compile_cache(report):
     return "warm" if report["compiled_from_cache"] else "cold"
 
 
-def measured_budget(budget, measured):
+# vLLM prints the utilization with two decimals at most; closer than this is the same request.
+SAME_UTILIZATION = 0.005
+
+
+def comparable_kv(report, utilization):
+    """(KV bytes vLLM had, or would have had, at the plan's utilization, how) from a report; (None, why) when the
+    report cannot say. Same utilization or the CPU build (its KV space is fixed by VLLM_CPU_KVCACHE_SPACE): as printed.
+    Another utilization: vLLM's requested memory at the plan's utilization less what the start measured besides the
+    KV cache (its requested memory less its KV), which do not depend on the utilization."""
+    kv = report.get("available_kv_cache_bytes")
+    if kv is None:
+        return None, "not compared: the start printed no KV cache memory"
+    if report.get("kv_cache_device") == "CPU":
+        return kv, "as printed (the CPU build's KV space does not depend on the utilization)"
+    used, requested, total = (report.get(k) for k in ("gpu_memory_utilization", "requested_memory_bytes",
+                                                      "total_memory_bytes"))
+    # Any two of utilization, requested and total memory give the third.
+    if used is None and requested is not None and total:
+        used = requested / total
+    if used is None:
+        return None, "not compared: the start printed neither its gpu_memory_utilization nor its requested memory"
+    if abs(used - utilization) < SAME_UTILIZATION:
+        return kv, "as printed (the start ran at the plan's gpu_memory_utilization %.2f)" % utilization
+    if total is None and requested is None:
+        return None, ("not compared: the start ran at gpu_memory_utilization %.2f, the plan at %.2f, and it printed "
+                      "no memory total to re-derive its KV cache at %.2f" % (used, utilization, utilization))
+    if total is None:
+        total = requested / used
+    if requested is None:
+        requested = round(total * used)
+    derived = max(0, round(total * utilization) - (requested - kv))
+    return derived, ("re-derived at gpu_memory_utilization %.2f (the start ran at %.2f): %s requested there less the "
+                     "%s the start measured besides the KV cache" % (utilization, used, gib(round(total * utilization)),
+                                                                     gib(requested - kv)))
+
+
+def measured_budget(budget, measured, utilization):
     """The budget with the measured parts in place of the estimates, and what was measured.
 
     The KV cache: vLLM's own figure when the report shows the same request (same GPU memory x utilization) or a
@@ -201,8 +244,10 @@ def measured_budget(budget, measured):
     cache = compile_cache(report)
     if cache == "cold":
         out["kv_cache_bytes"] = min(out["kv_cache_bytes"], budget["kv_cache_bytes"])
+    compared, how = comparable_kv(report, utilization)
     return out, {"parts": parts, "compile_cache": cache, "predicted_kv_cache_bytes": budget["kv_cache_bytes"],
-                 "measured_kv_cache_bytes": kv, "source": measured["source"]}
+                 "measured_kv_cache_bytes": kv, "compared_kv_cache_bytes": compared, "compared": how,
+                 "source": measured["source"]}
 
 
 def describe(info):
@@ -212,8 +257,8 @@ def describe(info):
     when = " started %s" % where["started_at"] if "started_at" in where else ""
     line = "measured%s%s: %s used instead of estimates" % (at, when, ", ".join(info["parts"]) or "nothing")
     if info["measured_kv_cache_bytes"] is not None:
-        line += " (predicted KV %s, vLLM had %s)" % (gib(info["predicted_kv_cache_bytes"]),
-                                                     gib(info["measured_kv_cache_bytes"]))
+        line += " (predicted KV %s, vLLM had %s; compared %s)" % (
+            gib(info["predicted_kv_cache_bytes"]), gib(info["measured_kv_cache_bytes"]), info["compared"])
     if info["compile_cache"] == "cold":
         line += "; cold torch.compile cache at that start: the KV cache stays at the estimate's until a warm start " \
                 "is measured"
@@ -221,8 +266,9 @@ def describe(info):
 
 
 def error_percent(info):
-    """How far the prediction was from what vLLM had (positive: the plan expected more), None if not measured."""
-    kv = info["measured_kv_cache_bytes"]
+    """How far the prediction was from what vLLM had at the plan's utilization (positive: the plan expected more),
+    None if that is not known (see comparable_kv)."""
+    kv = info["compared_kv_cache_bytes"]
     if not kv:
         return None
     return round(100.0 * (info["predicted_kv_cache_bytes"] - kv) / kv, 1)

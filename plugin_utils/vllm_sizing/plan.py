@@ -46,7 +46,7 @@ def _attempt(ctx, tp, kv_dtype, seqs):
     if ctx["measured"] is not None and calibration.applies(ctx["measured"], {
             "first": tp == ctx["tp_start"] and kv_dtype == ctx["policy"]["kv_cache_dtype"],
             "fields": _key_fields(ctx, tp, kv_dtype)}):
-        budget, measured = calibration.measured_budget(budget, ctx["measured"])
+        budget, measured = calibration.measured_budget(budget, ctx["measured"], ctx["utilization"])
     kv = budget["kv_cache_bytes"]
     fit_len = fitting_max_len(lay, kv, ctx["target_len"])
     length = fit_len

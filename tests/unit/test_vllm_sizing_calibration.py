@@ -43,6 +43,35 @@ def test_cpu_build_kv_space_is_taken_as_measured():
     assert any(line.startswith("measured: kv_cache_bytes used instead of estimates") for line in plan["applied"])
 
 
+def test_the_prediction_is_compared_with_the_kv_vllm_had_at_the_plans_utilization():
+    """The store key leaves the utilization out (weights, activation, non-torch and graphs do not depend on it), so a
+    start at 0.95 may calibrate a plan at 0.85: its printed KV is re-derived at 0.85 (requested memory there less what
+    the start measured besides the KV cache) before the prediction is judged, not compared as printed."""
+    ident, log = next((row[0], row[1]) for row in bench_calibration.bench_budget.corpus()[0]
+                      if row[0] == "qwen3-8b-h100-tp1-v0.19.0")
+    report = vllm_startup_report.vllm_startup_report(log["lines"])
+    assert report["gpu_memory_utilization"] == 0.95
+    same, _ = bench_calibration.bench_budget.predict(log, measured=report)
+    assert same["calibration"]["compared_kv_cache_bytes"] == report["available_kv_cache_bytes"]
+    assert same["calibration"]["compared"].startswith("as printed")
+    lower, _ = bench_calibration.bench_budget.predict(dict(log, gpu_memory_utilization=0.85), measured=report)
+    info = lower["calibration"]
+    assert info["measured_kv_cache_bytes"] == report["available_kv_cache_bytes"]  # what vLLM printed, kept
+    not_kv = report["requested_memory_bytes"] - report["available_kv_cache_bytes"]
+    assert info["compared_kv_cache_bytes"] == round(report["total_memory_bytes"] * 0.85) - not_kv
+    assert info["compared"].startswith("re-derived at gpu_memory_utilization 0.85")
+    assert abs(info["error_percent"]) <= 3 and info["flagged"] is False  # was -14.0 %, flagged
+    # A start that printed no utilization nor requested memory cannot be compared with a plan at another one.
+    bare = {k: v for k, v in report.items() if k not in ("gpu_memory_utilization", "requested_memory_bytes",
+                                                         "total_memory_bytes")}
+    unknown, _ = bench_calibration.bench_budget.predict(log, measured=bare)
+    assert unknown["calibration"]["error_percent"] is None and unknown["calibration"]["flagged"] is False
+    assert unknown["calibration"]["compared_kv_cache_bytes"] is None
+    with pytest.raises(AnsibleFilterError, match=r"policy.measured: gpu_memory_utilization must be a number above 0 "
+                       r"and at most 1, got '0.9'"):
+        bench_calibration.bench_budget.predict(log, measured=dict(report, gpu_memory_utilization="0.9"))
+
+
 def test_a_cold_compile_cache_never_raises_the_kv_cache_above_the_estimate():
     report = dict(cpu_report("cpu032-startup-compiled.log"), available_kv_cache_bytes=40 << 30)
     assert report["compiled_from_cache"] is False
