@@ -23,6 +23,8 @@ EXPORTED = {
     "node_systemd_service_restart_total": "node exporter",
     # The vllm role's files/vllm-oom-counter, through node exporter's textfile collector.
     "vllm_fleet_runtime_oom_total": "vllm-oom-counter",
+    # The vllm role's files/vllm-watchdog, through node exporter's textfile collector.
+    "vllm_fleet_watchdog_wedged": "vllm-watchdog",
     # HAProxy 2.6 `http-request use-service prometheus-exporter`.
     "haproxy_server_status": "HAProxy",
     # Prometheus itself, per target.
@@ -88,7 +90,7 @@ def test_every_panel_queries_exported_metrics_through_the_datasource_variable():
             found = metrics(target["expr"])
             assert found and found <= set(EXPORTED), (panel["title"], found)
             used |= found
-    # KV usage, running/waiting, preemptions, tokens/s, restarts, unit state, balancer state: all shown.
+    # KV usage, running/waiting, preemptions, tokens/s, restarts, unit state, balancer state, wedges: all shown.
     assert used == set(EXPORTED) - {"up"}
     # The host and instance pickers list the labels the role's scrape configuration puts on every vLLM target.
     for name in ("host", "instance"):
