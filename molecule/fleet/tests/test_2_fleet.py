@@ -245,6 +245,11 @@ def test_6_host_vllm_refuses_at_start_stops_the_roll_with_that_host_drained(tmp_
         assert load.report["totals"]["failed"] == 0, load.report["errors"]
         report = latest_report()
         assert report["outcome"] == "failed" and sorted(report["hosts"]) == ["vllm-2"]  # vllm-3 never started
+        # What an operator runs next: diagnose.yml reads the refusal from the journal and plans again.
+        diagnosis = playbook("playbooks/diagnose.yml", "--limit", "vllm-2")
+        assert diagnosis.returncode == 0, diagnosis.stdout[-3000:]
+        assert "vllm-2 instance main (failed," in diagnosis.stdout and "[startup_kv_cache]" in diagnosis.stdout
+        assert "New plan from the sizing filter: max_model_len" in diagnosis.stdout, diagnosis.stdout[-3000:]
     finally:
         # The fix is in: rolling the one host again re-arms its unit and brings it back (also when an assertion
         # above failed, so that the tests after this one find a whole fleet).
