@@ -45,6 +45,16 @@ def as_int(value, field, minimum=1, allow_none=False, maximum=INT_LIMIT):
     return value
 
 
+def as_bool(value, field, default=None):
+    """A real boolean (None: default). A string is never taken for one: bool("false") is true."""
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        fail("%s must be true or false, got %r%s" % (field, value, " (a string is not a boolean)"
+                                                     if isinstance(value, str) else ""))
+    return value
+
+
 def as_names(value, field):
     """A list of names (module names, patterns) as a tuple; None: empty."""
     if value is None:

@@ -6,7 +6,7 @@ taken for a boolean. The rest of the package trusts what these functions return.
 """
 
 from .budget import UTILIZATION
-from .common import MiB, as_dict, as_int, fail
+from .common import MiB, as_bool, as_dict, as_int, fail
 from .kv import parse_capability
 
 # key: (kind, default, description for messages). Kinds: int (>= 1), bytes (>= 0), bool, str, dict, fraction
@@ -56,10 +56,7 @@ def _value(kind, value, field):
     if kind == "bytes":
         return as_int(value, field, minimum=0)
     if kind == "bool":
-        if not isinstance(value, bool):
-            fail("%s must be true or false, got %r%s" % (field, value, " (a string is not a boolean)"
-                                                         if isinstance(value, str) else ""))
-        return value
+        return as_bool(value, field)
     if kind == "str":
         if not isinstance(value, str) or not value:
             fail("%s must be a non-empty string, got %r" % (field, value))

@@ -9,7 +9,7 @@ import json
 import math
 import os
 
-from .common import as_dict, as_int, fail
+from .common import as_bool, as_dict, as_int, fail
 from .weights import checkpoint_bytes, module_tensors, parse_quantization
 
 CATALOG_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -47,6 +47,8 @@ CONFIG_INTS = dict({key: 1 for key in MAX_LEN_KEYS}, **{
     "decoder_sparse_step": 1, "interleave_moe_layer_step": 1, "sliding_window_pattern": 1, "layer_pattern": 1,
     "max_window_layers": 0, "head_dim": 0, "q_lora_rank": 1, "qk_nope_head_dim": 1, "v_head_dim": 1,
 })
+# config.json fields read as booleans: true, false or absent/null, nothing else (bool("false") is true).
+CONFIG_BOOLS = ("tie_word_embeddings", "use_sliding_window", "attention_bias")
 MAX_LAYERS = 10000
 MAX_ROPE_FACTOR = 1024  # published configs use up to 64 (YaRN); more is a typo
 ROPE_PRESCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
@@ -73,6 +75,8 @@ def model_shape(model, dtype=None, online=None):
         value = text[key] if key in text else defaults.get(key)
         if value is not None and key in CONFIG_INTS:
             return as_int(value, "%s.%s" % (prefix, key), minimum=CONFIG_INTS[key])
+        if key in CONFIG_BOOLS:
+            return as_bool(value, "%s.%s" % (prefix, key))
         return value
 
     # Layers are walked one by one; the largest models have a few hundred.
@@ -216,10 +220,10 @@ def model_dims(get, model_type, hidden, heads, kv_heads, head_size, layers, mla)
         inter = get("intermediate_size_mlp") or inter
     return {
         "hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_size": head_size, "layers": layers,
-        "vocab": get("vocab_size") or 32000, "tied": bool(get("tie_word_embeddings")), "inter": inter,
+        "vocab": get("vocab_size") or 32000, "tied": get("tie_word_embeddings") or False, "inter": inter,
         "experts": experts, "moe_inter": moe_inter, "topk": get("num_experts_per_tok") or 1,
         "shared": shared, "moe_layers": frozenset(moe_layers), "mla": _mla_dims(get) if mla else None,
-        "qkv_bias": bool(get("attention_bias")) or model_type.startswith("qwen2"),
+        "qkv_bias": get("attention_bias") or model_type.startswith("qwen2"),
         "rotary": (get("qk_rope_head_dim") if mla else head_size),
         "moe_block": {"mixtral": "block_sparse_moe"}.get(model_type, "feed_forward" if model_type.startswith(
             "llama4") else "mlp"),

@@ -7,7 +7,7 @@ GPU by tensor and pipeline parallelism.
 import fnmatch
 import re
 
-from .common import as_dict, as_int, as_names, cdiv, fail
+from .common import as_bool, as_dict, as_int, as_names, cdiv, fail
 
 
 def module_tensors(dims, quant, dtype_bytes):
@@ -104,11 +104,13 @@ def parse_quantization(config):
         bits = as_int(config.get("bits", config.get("w_bit")), field + ".bits", maximum=32)
         group = config.get("group_size", config.get("q_group_size", 128))
         group = -1 if group == -1 else as_int(group, field + ".group_size")
-        zeros = bool(config.get("zero_point", True)) if method == "awq" else not config.get("sym", True)
+        zeros = (as_bool(config.get("zero_point"), field + ".zero_point", True) if method == "awq"
+                 else not as_bool(config.get("sym"), field + ".sym", True))
         # GPTQModel's "dynamic" overrides: a "-:" key skips the modules its pattern matches.
         dynamic = [str(k) for k in as_dict(config.get("dynamic"), field + ".dynamic")]
-        quant.update(bits=bits, group=group, zeros=zeros, lm_head=bool(config.get("lm_head")),
-                     g_idx=method == "gptq" and bool(config.get("desc_act")),
+        quant.update(bits=bits, group=group, zeros=zeros,
+                     lm_head=as_bool(config.get("lm_head"), field + ".lm_head", False),
+                     g_idx=method == "gptq" and as_bool(config.get("desc_act"), field + ".desc_act", False),
                      skip=as_names(config.get("modules_to_not_convert"), field + ".modules_to_not_convert") + tuple(
                          k[2:] for k in dynamic if k.startswith("-:") and len(k) > 2))
         if method == "gptq":
@@ -121,9 +123,12 @@ def parse_quantization(config):
         quant.update(match="glob", skip=as_names(config.get("modules_to_not_convert"),
                                                  field + ".modules_to_not_convert"))
     elif method == "bitsandbytes":
-        quant.update(bits=4 if config.get("load_in_4bit") else 8, double=bool(config.get("bnb_4bit_use_double_quant")),
-                     skip=as_names(config.get("llm_int8_skip_modules"), field + ".llm_int8_skip_modules"))
-        if not (config.get("load_in_4bit") or config.get("load_in_8bit")):
+        four, eight = (as_bool(config.get(k), "%s.%s" % (field, k), False) for k in ("load_in_4bit", "load_in_8bit"))
+        quant.update(bits=4 if four else 8, skip=as_names(config.get("llm_int8_skip_modules"),
+                                                           field + ".llm_int8_skip_modules"),
+                     double=as_bool(config.get("bnb_4bit_use_double_quant"), field + ".bnb_4bit_use_double_quant",
+                                    False))
+        if not (four or eight):
             fail("%s: bitsandbytes without load_in_4bit or load_in_8bit is not a quantized checkpoint" % field)
     else:
         quant.update(_compressed_tensors(config, field))
@@ -167,7 +172,7 @@ def _compressed_tensors(config, field):
                   "strategy": strategy,
                   "group": -1 if size in (None, -1) else as_int(size, where + ".weights.group_size"),
                   "block": _pair(weights.get("block_structure"), where + ".weights.block_structure") or (128, 128),
-                  "zeros": not weights.get("symmetric", True),
+                  "zeros": not as_bool(weights.get("symmetric"), where + ".weights.symmetric", True),
                   "scale_bytes": 4 if weights.get("type") == "float" else 2}
         targets = as_names(group.get("targets"), where + ".targets") or ("Linear",)
         for target in targets:

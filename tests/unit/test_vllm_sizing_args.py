@@ -337,6 +337,10 @@ def test_a_mig_gpu_is_not_sized_as_the_whole_gpu():
     ("num_hidden_layers", 10 ** 30, r"model.num_hidden_layers must be at most 10000"),
     ("vocab_size", 1 << 60, r"model.vocab_size must be at most 1125899906842624"),
     ("rope_scaling", {"rope_type": "yarn", "factor": 1e9}, r"model.rope_scaling.factor must be a positive number up"),
+    # Config booleans are booleans: bool("false") is true (1 GiB of lm_head left out, a window taken for enabled).
+    ("tie_word_embeddings", "false", r"model.tie_word_embeddings must be true or false, got 'false' \(a string is not"),
+    ("use_sliding_window", "false", r"model.use_sliding_window must be true or false, got 'false'"),
+    ("attention_bias", 1, r"model.attention_bias must be true or false, got 1"),
 ])
 def test_malformed_config_fields_name_the_field(field, value, message):
     config = dict(vllm_model("Qwen/Qwen3-30B-A3B") if field == "mlp_only_layers" else vllm_model("Qwen/Qwen3-8B"),
@@ -345,6 +349,14 @@ def test_malformed_config_fields_name_the_field(field, value, message):
         config = dict(BASE, model_type="gemma3_text", sliding_window=1024, sliding_window_pattern=value)
     with pytest.raises(AnsibleFilterError, match=message):
         vllm_sizing(A10G, config, {"p99_context": 4096}, {"strict": False})
+
+
+def test_config_booleans_decide_as_booleans():
+    qwen = vllm_model("Qwen/Qwen3-8B")
+    untied = sz.shape.model_shape(dict(qwen, tie_word_embeddings=False))["dims"]["tied"]
+    assert untied is False and sz.shape.model_shape(dict(qwen, tie_word_embeddings=True))["dims"]["tied"] is True
+    assert sz.shape.model_shape(dict(qwen, tie_word_embeddings=None))["dims"]["tied"] is False  # absent
+    assert set(sz.shape.model_shape(dict(qwen, use_sliding_window=False))["windows"]) == {None}
 
 
 def test_head_dim_zero_is_derived_as_vllm_does():
@@ -382,6 +394,14 @@ CT_QUANT = {"quant_method": "compressed-tensors", "ignore": ["lm_head"], "config
      r"config_groups.group_0.weights.group_size must be an integer, got '128'"),
     (dict(CT_QUANT, config_groups={"group_0": {"targets": "Linear", "weights": {"num_bits": 8}}}),
      r"config_groups.group_0.targets must be a list of non-empty strings"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": "false"},
+     r"model.quantization_config.sym must be true or false, got 'false'"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": "true"},
+     r"model.quantization_config.zero_point must be true or false, got 'true'"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": "false"},
+     r"model.quantization_config.desc_act must be true or false"),
+    (dict(CT_QUANT, config_groups={"group_0": {"weights": {"num_bits": 4, "symmetric": "true"}}}),
+     r"config_groups.group_0.weights.symmetric must be true or false, got 'true'"),
 ])
 def test_malformed_quantization_config_names_the_field(quant, message):
     config = dict(vllm_model("Qwen/Qwen3-8B"), quantization_config=quant)
