@@ -39,13 +39,14 @@ MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
                 "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
 # RoPE types whose max_position_embeddings is already the scaled length (vLLM _get_and_verify_max_len).
 # config.json fields read as integers, with their smallest valid value (a string, float or NaN there is refused with
-# the field's name). head_dim 0 is vLLM's "derive it from hidden_size" (get_head_size).
+# the field's name). head_dim 0 is refused: vLLM's get_head_size takes a present head_dim as is (a head size of 0);
+# only null or absent derives it from hidden_size.
 CONFIG_INTS = dict({key: 1 for key in MAX_LEN_KEYS}, **{
     "vocab_size": 1, "intermediate_size": 1, "moe_intermediate_size": 1, "shared_expert_intermediate_size": 0,
     "intermediate_size_mlp": 1, "num_local_experts": 0, "num_experts": 0, "n_routed_experts": 0,
     "num_experts_per_tok": 1, "n_shared_experts": 0, "first_k_dense_replace": 0, "moe_layer_freq": 1,
     "decoder_sparse_step": 1, "interleave_moe_layer_step": 1, "sliding_window_pattern": 1, "layer_pattern": 1,
-    "max_window_layers": 0, "head_dim": 0, "q_lora_rank": 1, "qk_nope_head_dim": 1, "v_head_dim": 1,
+    "max_window_layers": 0, "head_dim": 1, "q_lora_rank": 1, "qk_nope_head_dim": 1, "v_head_dim": 1,
 })
 # config.json fields read as booleans: true, false or absent/null, nothing else (bool("false") is true).
 CONFIG_BOOLS = ("tie_word_embeddings", "use_sliding_window", "attention_bias")
@@ -91,9 +92,8 @@ def model_shape(model, dtype=None, online=None):
                      + as_int(get("qk_rope_head_dim"), prefix + ".qk_rope_head_dim", minimum=0))
         head_size_v = 0
     else:
-        head_dim = get("head_dim")
-        # Some configs write head_dim null or 0 for "derive it" (vLLM treats both as absent).
-        head_size = hidden // heads if not head_dim else as_int(head_dim, prefix + ".head_dim")
+        head_dim = get("head_dim")  # a positive int (CONFIG_INTS), or None: derived as vLLM does
+        head_size = hidden // heads if head_dim is None else head_dim
         if not head_size:
             fail("%s.num_attention_heads %d is larger than hidden_size %d: no head size follows (give head_dim)"
                  % (prefix, heads, hidden))

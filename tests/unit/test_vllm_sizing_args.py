@@ -329,7 +329,7 @@ def test_a_mig_gpu_is_not_sized_as_the_whole_gpu():
     ("intermediate_size", float("nan"), r"model.intermediate_size must be an integer, got nan"),
     ("sliding_window_pattern", "6", r"model.sliding_window_pattern must be an integer"),
     ("max_position_embeddings", 4096.0, r"model.max_position_embeddings must be an integer, got 4096.0"),
-    ("head_dim", -128, r"model.head_dim must be at least 0, got -128"),
+    ("head_dim", -128, r"model.head_dim must be at least 1, got -128"),
     ("rope_scaling", {"rope_type": "linear", "factor": "2"}, r"model.rope_scaling.factor must be a positive number"),
     ("rope_scaling", {"rope_type": "dynamic", "factor": float("inf")}, r"rope_scaling.factor must be a positive"),
     ("mlp_only_layers", "0,1", r"model.mlp_only_layers must be a list of layer indices"),
@@ -359,11 +359,17 @@ def test_config_booleans_decide_as_booleans():
     assert set(sz.shape.model_shape(dict(qwen, use_sliding_window=False))["windows"]) == {None}
 
 
-def test_head_dim_zero_is_derived_as_vllm_does():
-    # vLLM's get_head_size takes head_dim only when it is > 0 (DeepseekVLV2TextConfig materializes 0).
+def test_head_dim_zero_is_refused_and_null_is_derived():
+    # vLLM's get_head_size takes a present head_dim as is: 0 would be a head size of 0, not "derive it" (issue 10,
+    # section 3 lists it as malformed). Null or absent derives hidden_size // num_attention_heads.
     qwen = vllm_model("Qwen/Qwen3-8B")
-    derived = dict(qwen, head_dim=0)
-    assert sz.shape.model_shape(derived)["head_size"] == qwen["hidden_size"] // qwen["num_attention_heads"]
+    with pytest.raises(AnsibleFilterError, match=r"model.head_dim must be at least 1, got 0"):
+        sz.shape.model_shape(dict(qwen, head_dim=0))
+    with pytest.raises(AnsibleFilterError, match=r"model.text_config.head_dim must be at least 1, got 0"):
+        sz.shape.model_shape({"text_config": dict(qwen, head_dim=0)})
+    derived = qwen["hidden_size"] // qwen["num_attention_heads"]
+    assert sz.shape.model_shape(dict(qwen, head_dim=None))["head_size"] == derived
+    assert sz.shape.model_shape({k: v for k, v in qwen.items() if k != "head_dim"})["head_size"] == derived
 
 
 GPT_OSS_QUANT = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"]}
