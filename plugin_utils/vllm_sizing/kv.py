@@ -59,12 +59,30 @@ def checked_kv_dtype(version, value, field):
     return value
 
 
+def tp_refusal(shape, tp):
+    """Why vLLM cannot shard this model over tp GPUs (None: it can): the attention heads must divide by tp, and the
+    KV heads by tp, or tp by them (replicated heads); MLA has one latent KV head on every rank. The one rule, for the
+    plan's TP candidates and every KV arithmetic (kv_layout)."""
+    if shape["heads"] % tp:
+        return "does not divide the model's %d attention heads" % shape["heads"]
+    kv = shape["kv_heads"]
+    if not shape["mla"] and (kv % tp if tp < kv else tp % kv):
+        # QKVParallelLinear: divide(total_num_kv_heads, tp_size), or divide(tp_size, total_num_kv_heads).
+        return ("and the model's %d KV heads do not divide each other (vLLM asserts in QKVParallelLinear at load)"
+                % kv)
+    return None
+
+
 def kv_layout(shape, tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype, block_size,
               max_num_batched_tokens, async_scheduling, vllm_version, device):
     """Everything the KV arithmetic needs, resolved from the arguments, the device (device_facts) and the version."""
     version = resolve_version(vllm_version)
     row = VERSIONS[version]
     tp = as_int(tensor_parallel_size, "tensor_parallel_size")
+    refusal = tp_refusal(shape, tp)
+    if refusal:
+        # A byte count for a sharding vLLM refuses at load would be sized for a server that never starts.
+        fail("tensor_parallel_size %d %s" % (tp, refusal))
     pp = as_int(pipeline_parallel_size, "pipeline_parallel_size")
     if pp > shape["layers"]:
         fail("pipeline_parallel_size %d is more than the %d layers of %s" % (pp, shape["layers"], shape["name"]))

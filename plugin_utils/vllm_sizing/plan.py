@@ -9,25 +9,12 @@ from .budget import choose_utilization, default_batch, memory_budget
 from .common import fail, gib
 from .flags import parse_serve_options
 from .kv import (KV_DTYPE_BYTES, check_message, checked_kv_dtype, fitting_max_len, kv_capacity, kv_layout,
-                 request_bytes, startup_check)
+                 request_bytes, startup_check, tp_refusal)
 from .shape import model_shape
 from .versions import VERSIONS, resolve_version
 from .weights import gpu_weight_bytes, module_tensors, parse_quantization
 
 LENGTH_STEP = 1024  # a shortened max_model_len is rounded down to a multiple of this
-
-
-def tp_refusal(shape, tp):
-    """Why vLLM cannot shard this model over tp GPUs (None: it can): the attention heads must divide by tp, and the
-    KV heads by tp, or tp by them (replicated heads); MLA has one latent KV head on every rank."""
-    if shape["heads"] % tp:
-        return "does not divide the model's %d attention heads" % shape["heads"]
-    kv = shape["kv_heads"]
-    if not shape["mla"] and (kv % tp if tp < kv else tp % kv):
-        # QKVParallelLinear: divide(total_num_kv_heads, tp_size), or divide(tp_size, total_num_kv_heads).
-        return ("and the model's %d KV heads do not divide each other (vLLM asserts in QKVParallelLinear at load)"
-                % kv)
-    return None
 
 
 def _tp_candidates(shape, start, count, allow_more):

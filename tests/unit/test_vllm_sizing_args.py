@@ -315,6 +315,19 @@ def test_tensor_parallelism_must_divide_the_kv_heads_too():
     assert sz.plan.tp_refusal(sz.shape.model_shape(dict(PHI3_MEDIUM, num_key_value_heads=2)), 4) is None  # replicas
 
 
+def test_the_kv_filters_refuse_the_tensor_parallel_sizes_the_plan_refuses():
+    """vllm_kv_cache_bytes and vllm_max_model_len shard the model as vllm_sizing does: a TP size vLLM cannot load
+    is an error, not a byte count (one refusal, kv.tp_refusal, for all three)."""
+    with pytest.raises(AnsibleFilterError, match=r"tensor_parallel_size 4 and the model's 10 KV heads do not divide"):
+        vllm_kv_cache_bytes(PHI3_MEDIUM, 4096, tensor_parallel_size=4, block_size=16)
+    with pytest.raises(AnsibleFilterError, match=r"tensor_parallel_size 4 and the model's 10 KV heads do not divide"):
+        vllm_max_model_len(PHI3_MEDIUM, 8 << 30, tensor_parallel_size=4, block_size=16)
+    with pytest.raises(AnsibleFilterError, match=r"tensor_parallel_size 3 does not divide the model's 40 attention"):
+        vllm_kv_cache_bytes(PHI3_MEDIUM, 4096, tensor_parallel_size=3, block_size=16)
+    assert vllm_kv_cache_bytes(PHI3_MEDIUM, 4096, tensor_parallel_size=2, block_size=16) > 0
+    assert sz.plan.tp_refusal is sz.kv.tp_refusal
+
+
 def test_a_mig_gpu_is_not_sized_as_the_whole_gpu():
     mig = [dict(gpu("NVIDIA A100-SXM4-80GB", 81920, "8.0"), mig_mode="Enabled")]
     with pytest.raises(AnsibleFilterError, match=r"gpus\[0\] \(NVIDIA A100-SXM4-80GB\) has MIG enabled.*"
