@@ -138,6 +138,15 @@ def corpus():
     return rows, skipped
 
 
+def summary(rows):
+    """The corpus in one line: median, worst and how many logs are over by more than OVER % or outside OFF % (also
+    printed after a pytest run of tests/unit/test_vllm_sizing_corpus.py, by tests/unit/conftest.py)."""
+    errors = [row[3] for row in rows]
+    return ("%d logs: median error %+.1f%%, worst over %+.1f%%, worst under %+.1f%%; %d over by more than %g%%, "
+            "%d outside %g%%" % (len(errors), statistics.median(errors), max(errors), min(errors),
+                                 sum(e > OVER for e in errors), OVER, sum(abs(e) > OFF for e in errors), OFF))
+
+
 def main():
     rows, skipped = corpus()
     parts = (("weights", "weights_bytes", "weights_gib"), ("activation", "activation_peak_bytes",
@@ -152,11 +161,8 @@ def main():
         print("%-50s %7.2f G %7.2f G %+6.1f%%  %s%s" % (
             ident[:50], budget["kv_cache_bytes"] / sz.common.GiB, log["parsed"]["kv_available_gib"], error, detail,
             "  <-- outside bounds" if error > OVER or abs(error) > OFF else ""))
-    errors = [row[3] for row in rows]
-    if errors:
-        print("\n%d logs: median error %+.1f%%, worst over %+.1f%%, worst under %+.1f%%; %d over by more than %g%%, "
-              "%d outside %g%%" % (len(errors), statistics.median(errors), max(errors), min(errors),
-                                   sum(e > OVER for e in errors), OVER, sum(abs(e) > OFF for e in errors), OFF))
+    if rows:
+        print("\n" + summary(rows))
     for ident, why in skipped:
         print("skipped %s: %s" % (ident, why))
 

@@ -22,3 +22,22 @@ def a10g():
 @pytest.fixture
 def h100x8():
     return [dict(gpu("NVIDIA H100 80GB HBM3", 81559, "9.0"), index=i) for i in range(8)]
+
+
+# The corpus test's figures, printed after the run (issue 10 "Done when"): the summary line of
+# benchmarks/bench_budget.py, from its own code, when test_predicted_kv_within_bounds ran.
+CORPUS_TEST = "test_vllm_sizing_corpus.py::test_predicted_kv_within_bounds"
+
+
+def pytest_terminal_summary(terminalreporter):
+    ran = any(CORPUS_TEST in getattr(report, "nodeid", "") and getattr(report, "when", None) == "call"
+              for reports in terminalreporter.stats.values() for report in reports)
+    if not ran:
+        return
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_budget
+
+    rows, skipped = bench_budget.corpus()
+    terminalreporter.write_sep("-", "vLLM sizing corpus (benchmarks/bench_budget.py)")
+    terminalreporter.write_line(bench_budget.summary(rows))
+    terminalreporter.write_line("%d logs not sized (reasons: pytest -rs, or the benchmark)" % len(skipped))

@@ -40,6 +40,32 @@ def test_predicted_kv_within_bounds(ident, log, plan, error):
             ident, plan["budget_per_gpu"]["kv_cache_bytes"] / GiB, log["parsed"]["kv_available_gib"]))
 
 
+def test_a_run_of_the_corpus_prints_its_figures():
+    """After a run that sized the corpus, pytest's terminal summary prints bench_budget's own summary line (median,
+    worst, how many over by more than 3 %); after a run without it, nothing."""
+    import conftest
+
+    class Reporter:
+        def __init__(self, nodeids):
+            self.stats = {"passed": [type("Report", (), {"nodeid": n, "when": "call"})() for n in nodeids]}
+            self.lines = []
+
+        def write_sep(self, sep, title):
+            self.lines.append(title)
+
+        def write_line(self, line):
+            self.lines.append(line)
+
+    ran = Reporter(["tests/unit/test_vllm_sizing_corpus.py::test_predicted_kv_within_bounds[%s]" % ROWS[0][0]])
+    conftest.pytest_terminal_summary(ran)
+    assert bench_budget.summary(ROWS) in ran.lines
+    assert "%d logs: median error" % len(ROWS) in bench_budget.summary(ROWS)
+    assert " 0 over by more than 3%" in bench_budget.summary(ROWS)
+    other = Reporter(["tests/unit/test_vllm_sizing_kv.py::test_something"])
+    conftest.pytest_terminal_summary(other)
+    assert other.lines == []
+
+
 @pytest.mark.parametrize("ident, why", SKIPPED, ids=[row[0] for row in SKIPPED])
 def test_skipped_log(ident, why):
     pytest.skip(why)
