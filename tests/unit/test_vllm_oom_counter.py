@@ -44,3 +44,51 @@ def test_textfile_format_is_what_node_exporter_reads():
         "# TYPE vllm_fleet_runtime_oom_total counter\n"
         'vllm_fleet_runtime_oom_total{name="vllm@a.service"} 0\n'
         'vllm_fleet_runtime_oom_total{name="vllm@b.service"} 2\n')
+
+
+def lines(*names):
+    """Fixtures joined into one journal, their source comments dropped (as test_vllm_diagnosis does)."""
+    return [line for name in names for line in log(name).splitlines() if not line.startswith("# ")]
+
+
+def counted(chunks):
+    """The total after one tick per chunk of journal, as main() feeds count()."""
+    entry = {"cursor": None, "total": 0, "context": []}
+    for chunk in chunks:
+        counter.count(entry, "\n".join(chunk))
+    return entry
+
+
+def test_a_startup_oom_a_tick_after_its_start_is_not_counted():
+    """Issue: a GPU start takes minutes. vLLM loaded the weights in one tick (issue #8180: "Loading model weights
+    took 8.1425 GB") and its cuBLAS OOM came in the next, with no start-up frame in its traceback: read alone, that
+    tick says runtime OOM. With the start's earlier lines it is failure 1, not counted."""
+    journal = lines("systemd-restart.log", "vllm-8180-cublas-startup.log")
+    split = next(i for i, line in enumerate(journal) if "Loading model weights took" in line) + 1
+    assert counter.runtime_ooms("\n".join(journal[split:])) == 1  # the bug: the second tick alone
+    entry = counted([journal[:split], journal[split:]])
+    assert entry["total"] == 0
+    # The start never served: its lines stay the context of the next tick.
+    assert entry["context"][0].startswith("Starting vllm@main.service")
+
+
+def test_every_split_counts_what_the_whole_journal_holds():
+    """A start that OOMs (not counted), the restart that serves, then a runtime OOM (counted once), cut into two
+    ticks at every line: always the classifier's verdict on the whole journal, 1."""
+    journal = lines("systemd-restart.log", "vllm-8180-cublas-startup.log", "systemd-restart.log",
+                    "serving-start.log", "torch-oom-512-bytes.log")
+    assert counter.runtime_ooms("\n".join(journal)) == 1
+    for split in range(len(journal) + 1):
+        assert counted([journal[:split], journal[split:]])["total"] == 1, split
+
+
+def test_once_serving_only_a_short_tail_is_kept():
+    entry = counted([lines("systemd-restart.log", "serving-start.log")])
+    assert entry["total"] == 0 and entry["context"] == lines("systemd-restart.log", "serving-start.log")
+    served = [line for line in lines("cpu032-enginecore-sigkill.log") if "POST /v1/completions" in line]
+    noise = served * (2 * counter.TAIL_LINES)
+    counter.count(entry, "\n".join(noise))
+    assert entry["total"] == 0 and len(entry["context"]) == counter.TAIL_LINES
+    # A runtime OOM in the next tick is counted.
+    counter.count(entry, "\n".join(lines("torch-oom-512-bytes.log")))
+    assert entry["total"] == 1
