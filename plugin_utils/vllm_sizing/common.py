@@ -4,6 +4,7 @@
 checks, integer division as vLLM rounds.
 """
 
+import math
 
 from ansible.errors import AnsibleFilterError
 
@@ -42,6 +43,15 @@ def as_int(value, field, minimum=1, allow_none=False, maximum=INT_LIMIT):
         fail("%s must be at least %d, got %d" % (field, minimum, value))
     if value > maximum:
         fail("%s must be at most %d, got %d" % (field, maximum, value))
+    return value
+
+
+def as_number(value, field, maximum=None):
+    """A finite number above 0 (and at most maximum): a string such as "1e6", None, NaN or inf is refused."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
+            or (maximum is not None and value > maximum)):
+        fail("%s must be a positive number%s, got %r" % (field, "" if maximum is None else " up to %g" % maximum,
+                                                         value))
     return value
 
 

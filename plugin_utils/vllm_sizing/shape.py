@@ -6,10 +6,9 @@ context, dimensions), and the catalog of popular models' config.json (vllm_model
 
 import functools
 import json
-import math
 import os
 
-from .common import as_bool, as_dict, as_int, fail
+from .common import as_bool, as_dict, as_int, as_number, fail
 from .weights import checkpoint_bytes, module_tensors, parse_quantization
 
 CATALOG_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -139,14 +138,15 @@ def model_shape(model, dtype=None, online=None):
         how += ", quantized online"
     if how == "given" and dtype_bytes == 4 and quant is None:
         weights, how = weights * 2, how + ", served in float32"
-    max_len = _derived_max_len(text, get, model_type, prefix)
+    rope = _rope(text, prefix)
+    max_len = _derived_max_len(text, get, model_type, prefix, rope)
     return {
         "name": str(model.get("_name") or model.get("_name_or_path") or "the model"),
         "model_arg": model.get("_name") or model.get("_name_or_path"),
         "model_type": model_type, "layers": layers, "heads": heads, "kv_heads": kv_heads,
         "head_size": head_size, "head_size_v": head_size_v, "mla": mla, "windows": tuple(windows),
         "hidden": hidden, "dims": dims, "vocab": dims["vocab"],
-        "max_len": max_len, "rotary_positions": _rotary_positions(text, model_type, max_len),
+        "max_len": max_len, "rotary_positions": _rotary_positions(rope, model_type, max_len),
         "weight_bytes": (weights, how), "modules": modules, "quantized": quantized,
         "quantization": quant, "dtype_bytes": dtype_bytes,
     }
@@ -164,34 +164,50 @@ def _generated_layer_types(get, layers):
     return None  # one model-wide window on every layer (Mistral v0.1, Phi-3)
 
 
-def _rotary_positions(text, model_type, max_len):
+def _rope(text, prefix):
+    """The RoPE dict of config.json (rope_scaling, or transformers 5's rope_parameters), its numbers checked: vLLM
+    builds the rotary embedding from them at load, so a string there ("1e6") or a null factor fails the start.
+    None: no RoPE scaling."""
+    if text.get("rope_theta") is not None:
+        as_number(text["rope_theta"], prefix + ".rope_theta")
+    if text.get("original_max_position_embeddings") is not None:  # Phi-3 longrope keeps it at the top level
+        as_int(text["original_max_position_embeddings"], prefix + ".original_max_position_embeddings")
+    key = "rope_scaling" if text.get("rope_scaling") else "rope_parameters"
+    rope = text.get(key)
+    if not rope:
+        return None
+    rope = as_dict(rope, "%s.%s" % (prefix, key))
+    field = "%s.%s." % (prefix, key)
+    if "factor" in rope:  # present means used: null is not "no scaling" (that is rope_scaling: null)
+        as_number(rope["factor"], field + "factor", maximum=MAX_ROPE_FACTOR)
+    if "rope_theta" in rope:
+        as_number(rope["rope_theta"], field + "rope_theta")
+    if "original_max_position_embeddings" in rope:
+        as_int(rope["original_max_position_embeddings"], field + "original_max_position_embeddings")
+    return rope
+
+
+def _rotary_positions(rope, model_type, max_len):
     """Positions of each RoPE cos/sin cache vLLM keeps on the GPU (one per distinct RoPE). Gemma 3's global layers
     use a linear-scaled RoPE, which caches max_position_embeddings x factor positions (rotary_embedding/
     linear_scaling_rope.py), and its local layers an unscaled RoPE with another base: 0.56 GiB for head_dim 256."""
     if "gemma3" not in model_type:
         return (max_len,)
-    rope = text.get("rope_scaling") or text.get("rope_parameters")
-    factor = rope.get("factor") if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) == "linear" \
-        else None
-    scaled = isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1
+    factor = rope.get("factor") if rope and (rope.get("rope_type") or rope.get("type")) == "linear" else None
+    scaled = factor is not None and factor > 1  # checked by _rope
     return (int(max_len * factor) if scaled else max_len, max_len)
 
 
-def _derived_max_len(text, get, model_type, prefix):
-    """The model's maximum context as vLLM derives it (smallest length key, times a RoPE factor)."""
+def _derived_max_len(text, get, model_type, prefix, rope):
+    """The model's maximum context as vLLM derives it (smallest length key, times a RoPE factor); rope: _rope's."""
     lengths = [get(k) for k in MAX_LEN_KEYS if text.get(k) is not None]
     if text.get("model_max_length"):
         lengths = [get("model_max_length")]
     if not lengths and get("max_position_embeddings"):
         lengths = [get("max_position_embeddings")]
     derived = min(lengths) if lengths else 2048  # vLLM's fallback when config.json has no length
-    rope = text.get("rope_scaling") or text.get("rope_parameters")
-    factor = rope.get("factor") if isinstance(rope, dict) else None
-    # Checked here for every model type: _rotary_positions reads Gemma 3's too.
-    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
-                               or not math.isfinite(factor) or not 0 < factor <= MAX_ROPE_FACTOR):
-        fail("%s.rope_scaling.factor must be a positive number up to %d, got %r" % (prefix, MAX_ROPE_FACTOR, factor))
-    if isinstance(rope, dict) and "gemma3" not in model_type:
+    factor = rope.get("factor") if rope else None
+    if rope and "gemma3" not in model_type:
         rope_type = rope.get("rope_type") or rope.get("type") or "default"
         if rope_type not in ROPE_PRESCALED and factor:
             derived = int(derived * factor)

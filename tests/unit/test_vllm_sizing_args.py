@@ -350,6 +350,17 @@ def test_a_mig_gpu_is_not_sized_as_the_whole_gpu():
     ("num_hidden_layers", 10 ** 30, r"model.num_hidden_layers must be at most 10000"),
     ("vocab_size", 1 << 60, r"model.vocab_size must be at most 1125899906842624"),
     ("rope_scaling", {"rope_type": "yarn", "factor": 1e9}, r"model.rope_scaling.factor must be a positive number up"),
+    # RoPE fields are numbers, not the strings a hand-edited config.json may hold.
+    ("rope_theta", "1e6", r"model.rope_theta must be a positive number, got '1e6'"),
+    ("rope_theta", float("nan"), r"model.rope_theta must be a positive number, got nan"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": "32768"},
+     r"model.rope_scaling.original_max_position_embeddings must be an integer, got '32768'"),
+    ("rope_scaling", {"rope_type": "linear", "factor": None}, r"model.rope_scaling.factor must be a positive number up "
+                                                              r"to 1024, got None"),
+    ("rope_scaling", "yarn", r"model.rope_scaling must be a dict, got str"),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": "1e6"},
+     r"model.rope_parameters.rope_theta must be a positive number, got '1e6'"),
+    ("original_max_position_embeddings", "4096", r"model.original_max_position_embeddings must be an integer"),
     # Config booleans are booleans: bool("false") is true (1 GiB of lm_head left out, a window taken for enabled).
     ("tie_word_embeddings", "false", r"model.tie_word_embeddings must be true or false, got 'false' \(a string is not"),
     ("use_sliding_window", "false", r"model.use_sliding_window must be true or false, got 'false'"),
