@@ -189,17 +189,17 @@ def _classify(level, message):
     return None
 
 
-def _events(text):
+def events(text):
     """Every line that matters, in order, with its line number and time (its own, else the last one seen)."""
-    events, last_time = [], None
+    found_events, last_time = [], None
     for number, raw in enumerate(text.splitlines(), 1):
         time, level, _process, message, _prefixed = split_line(raw)
         last_time = time or last_time
         found = _classify(level, message)
         if found:
-            events.append({"role": found[0], "name": found[1], "match": found[2], "line": number,
-                           "time": last_time, "text": message[:300]})
-    return events
+            found_events.append({"role": found[0], "name": found[1], "match": found[2], "line": number,
+                                 "time": last_time, "text": message[:300]})
+    return found_events
 
 
 class _Incident:
@@ -345,7 +345,7 @@ def diagnose(text: str) -> dict:
     startup_failed or none. failures: every failure found, oldest first, as {kind, line, time, text}.
     """
     failures = []
-    for incident in _incidents(_events(text)):
+    for incident in _incidents(events(text)):
         kind, summary, advice, details = _describe(incident)
         first = incident.events[0]
         failures.append({"kind": kind, "line": first["line"], "time": first["time"], "text": first["text"],
