@@ -459,7 +459,8 @@ def test_8b_a_driver_change_goes_through_the_roll_host_by_host(tmp_path):
 
 def test_9_a_roll_starts_a_host_whose_start_limit_is_spent():
     """Starts count toward StartLimitBurst whoever makes them. A host restarted by hand once too often in the window
-    refuses the next start; the roll's start re-arms the limit, so the deliberate start goes through."""
+    refuses the next start; the roll's start re-arms the limit, so the deliberate start goes through. The roll also
+    load-tests the host before it enables it (rolling_restart_loadtest), reports in the roll's run directory."""
     host = "vllm-3"
     dropin = "/run/systemd/system/vllm@main.service.d"
     sh(host, f"mkdir -p {dropin} && printf '[Unit]\\nStartLimitBurst=1\\n' > {dropin}/99-burst.conf"
@@ -469,9 +470,17 @@ def test_9_a_roll_starts_a_host_whose_start_limit_is_spent():
         refused = sh(host, f"systemctl restart {UNIT}", check=False, timeout=400)
         assert refused.returncode != 0 and "too often" in refused.stderr, refused.stderr
         assert unit_props(host, UNIT, "ActiveState", "Result") == {"ActiveState": "failed", "Result": "start-limit-hit"}
-        roll = playbook("playbooks/rolling_restart.yml", "--limit", f"localhost,{host}")
+        roll = playbook("playbooks/rolling_restart.yml", "--limit", f"localhost,{host}",
+                        "-e", "rolling_restart_loadtest=true", *LOADTEST_ARGS)
         assert roll.returncode == 0, roll.stdout[-3000:]
         assert healthy(host) and server_states()[f"{host}-main"] == "UP"
+        enable = roll.stdout.index("TASK [balancer : Put the host's servers in READY")
+        assert roll.stdout.index(f"{host} instance main: load test PASSED") < enable, roll.stdout[-3000:]
+        runs = sorted(glob.glob(os.path.join(PROJECT, "reports", "rolling-restart", "*", "loadtest",
+                                             f"{host}-main.json")))
+        with open(runs[-1]) as f:
+            tested = json.load(f)
+        assert tested["verdict"]["passed"] and all(s["completed"] == s["requests"] > 0 for s in tested["stages"])
     finally:
         sh(host, f"rm -rf {dropin} && systemctl daemon-reload")
 
