@@ -25,11 +25,12 @@ log "3/6 load test of vllm-3 against its plan, out of rotation (playbooks/loadte
 # Small scale, as in the fleet tests: 16 generated tokens per request, concurrency 4 then 8 (the plan's
 # max_num_seqs) at the workload's p99 context. Latency bounds are relaxed: every host shares two CPU cores.
 loadtest_rc=0
+# Its reports go to this demo's directory, so that an earlier run's can never stand in for this one's.
 ansible-playbook -i "$inventory" playbooks/loadtest.yml -e target=vllm-3 -e vllm_loadtest_output_len=16 \
   -e '{"vllm_loadtest_concurrency": [4, 8]}' -e vllm_loadtest_ttft_p99_ms=120000 -e vllm_loadtest_itl_p99_ms=30000 \
-  > "$out/loadtest.log" 2>&1 || loadtest_rc=$?
-lt=$(ls reports/loadtest/*/vllm-3-main.json 2>/dev/null | sort | tail -1)
-[ -n "$lt" ] || { tail -30 "$out/loadtest.log"; die "the load test wrote no report: $out/loadtest.log"; }
+  -e vllm_loadtest_reports_dir="$PWD/$out" -e vllm_loadtest_run=loadtest > "$out/loadtest.log" 2>&1 || loadtest_rc=$?
+lt=$out/loadtest/vllm-3-main.json
+[ -f "$lt" ] || { tail -30 "$out/loadtest.log"; die "the load test wrote no report: $out/loadtest.log"; }
 cp "$lt" "$out/loadtest-vllm-3.json"; cp "${lt%.json}.png" "$out/loadtest-vllm-3.png"
 
 # The same load around a command: 2 clients (1 streaming) through HAProxy on 127.0.0.1:18080. Light on purpose:
