@@ -23,7 +23,7 @@ mkdir -m 700 "$GNUPGHOME"
 gpg --batch --quiet --passphrase '' --quick-gen-key 'vllm-fleet driver scenario <cudatools@invalid>' ed25519 sign never
 gpg --batch --export > "$work/cuda-archive-keyring.gpg"
 
-# package NAME VERSION ARCH DEPENDS [SRC:DEST ...]
+# [conflicts=NAMES] package NAME VERSION ARCH DEPENDS [SRC:DEST ...]
 package() {
   local name=$1 version=$2 arch=$3 depends=$4 dir
   shift 4
@@ -35,6 +35,7 @@ package() {
     echo "Architecture: $arch"
     echo "Maintainer: vllm-fleet tests <cudatools@invalid>"
     [ -n "$depends" ] && echo "Depends: $depends"
+    [ -n "${conflicts:-}" ] && echo "Conflicts: $conflicts"
     echo "Section: non-free/libs"
     echo "Priority: optional"
     echo "Description: $name stand-in for the driver scenario (no GPU here)"
@@ -67,7 +68,8 @@ for version in 550.127.08 550.144.03 560.35.03; do
   package nvidia-driver "$version-1" "$arch_deb" "nvidia-kernel-dkms (= $version-1) | nvidia-kernel-open-dkms (= $version-1)"
   package nvidia-smi "$version-1" "$arch_deb" "python3" "$work/nvidia-smi:/usr/bin/nvidia-smi"
   package nvidia-kernel-dkms "$version-1" "$arch_deb" ""
-  package nvidia-kernel-open-dkms "$version-1" "$arch_deb" ""
+  # Both build the one "nvidia" kernel module: a host has one flavour or the other.
+  conflicts=nvidia-kernel-dkms package nvidia-kernel-open-dkms "$version-1" "$arch_deb" ""
   package nvidia-persistenced "$version-1" "$arch_deb" "" \
     "$work/nvidia-persistenced:/usr/bin/nvidia-persistenced" \
     "$standins/nvidia-persistenced.service:/lib/systemd/system/nvidia-persistenced.service"

@@ -221,3 +221,17 @@ def test_nvlsm_only_on_an_nvlink5_board_started_by_fabric_manager_first():
     assert "(4 NVSwitch)" in back and sh(host, "systemctl is-active nvidia-fabricmanager").stdout.strip() == "active"
     # The A10G host saw none of it.
     assert version("gpu-a10g", "nvlsm") is None
+
+
+def test_open_kernel_modules_replace_the_proprietary_ones_at_the_same_version():
+    """nvidia_gpu_kernel_modules: open on a host whose driver version is already right and loaded: the open modules'
+    package replaces the proprietary one (they conflict), held like the rest, and the new module needs a reboot."""
+    host, current = "gpu-a10g", "550.127.08"  # as the driver change test left it, once "rebooted"
+    sh(host, f"echo {current} > /sys/module/nvidia/version")
+    out = playbook(CONVERGE, "--limit", host, "-e", f"nvidia_gpu_driver_version={current}",
+                   "-e", "nvidia_gpu_kernel_modules=open")
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert version(host, "nvidia-kernel-open-dkms") == f"{current}-1" and version(host, "nvidia-kernel-dkms") is None
+    assert "nvidia-kernel-open-dkms" in sh(host, "apt-mark showhold").stdout.split()
+    assert version(host, "nvidia-smi") == f"{current}-1"  # the driver's version did not move
+    assert sh(host, f"cat {PENDING}").stdout == f"installed={current}\nloaded={current}\n"
