@@ -25,7 +25,8 @@ def h100x8():
 
 
 # The corpus test's figures, printed after the run (issue 10 "Done when"): the summary line of
-# benchmarks/bench_budget.py, from its own code, when test_predicted_kv_within_bounds ran.
+# benchmarks/bench_budget.py, from its own code, over the rows the test module sized (not sized again here), when
+# test_predicted_kv_within_bounds ran.
 CORPUS_TEST = "test_vllm_sizing_corpus.py::test_predicted_kv_within_bounds"
 
 
@@ -34,10 +35,7 @@ def pytest_terminal_summary(terminalreporter):
               for reports in terminalreporter.stats.values() for report in reports)
     if not ran:
         return
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import bench_budget
-
-    rows, skipped = bench_budget.corpus()
+    corpus = sys.modules["test_vllm_sizing_corpus"]
     terminalreporter.write_sep("-", "vLLM sizing corpus (benchmarks/bench_budget.py)")
-    terminalreporter.write_line(bench_budget.summary(rows))
-    terminalreporter.write_line("%d logs not sized (reasons: pytest -rs, or the benchmark)" % len(skipped))
+    terminalreporter.write_line(corpus.bench_budget.summary(corpus.ROWS))
+    terminalreporter.write_line("%d logs not sized (reasons: pytest -rs, or the benchmark)" % len(corpus.SKIPPED))
