@@ -258,11 +258,23 @@ def test_6_host_vllm_refuses_at_start_stops_the_roll_with_that_host_drained(tmp_
     assert all_up()
 
 
-def latest_loadtest(host):
-    """The newest load-test report of a host's instance, and its PNG's path."""
-    runs = sorted(glob.glob(os.path.join(PROJECT, "reports", "loadtest", "*", f"{host}-main.json")))
-    with open(runs[-1]) as f:
-        return json.load(f), runs[-1][:-len(".json")] + ".png"
+LOADTESTS = os.path.join(PROJECT, "reports", "loadtest", "*")  # loadtest.yml's runs; a roll's: <run>/loadtest
+
+
+def latest_loadtest(host, runs=LOADTESTS):
+    """The newest load-test report of a host's instance in the run directories `runs` (a glob), and its PNG's path."""
+    newest = sorted(glob.glob(os.path.join(runs, f"{host}-main.json")))[-1]
+    with open(newest) as f:
+        return json.load(f), newest[:-len(".json")] + ".png"
+
+
+def passed_loadtest_before_enable(run, host, runs):
+    """The playbook run load-tested the host's instance before it put the host in READY, and the test measured
+    real traffic (every request of every stage completed)."""
+    enable = run.stdout.index("TASK [balancer : Put the host's servers in READY")
+    assert run.stdout.index(f"{host} instance main: load test PASSED") < enable, run.stdout[-3000:]
+    report, _ = latest_loadtest(host, runs)
+    assert report["verdict"]["passed"] and all(s["completed"] == s["requests"] > 0 for s in report["stages"])
 
 
 # Small scale (CI cost): 16 generated tokens per request, two stages, two requests per slot.
@@ -354,11 +366,7 @@ def test_7_adding_a_gpu_host_restarts_no_existing_host(tmp_path):
         added = playbook("playbooks/add_gpu_host.yml", "-i", str(extra), "-e", "new_hosts=vllm-4",
                          "-e", "add_gpu_host_require_loadtest=true", *LOADTEST_ARGS)
     assert added.returncode == 0, added.stdout[-3000:]
-    # Tested before it was enabled: the test's task runs ahead of the enable task, and measured real traffic.
-    enable = added.stdout.index("TASK [balancer : Put the host's servers in READY")
-    assert added.stdout.index("vllm-4 instance main: load test PASSED") < enable, added.stdout[-3000:]
-    report, _ = latest_loadtest("vllm-4")
-    assert report["verdict"]["passed"] and all(s["completed"] == s["requests"] > 0 for s in report["stages"])
+    passed_loadtest_before_enable(added, "vllm-4", LOADTESTS)
     assert invocations() == before
     assert server_states() == {f"{h}-main": "UP" for h in VLLM_HOSTS + ["vllm-4"]}
     assert load.report["totals"]["failed"] == 0, load.report["errors"]
@@ -474,13 +482,7 @@ def test_9_a_roll_starts_a_host_whose_start_limit_is_spent():
                         "-e", "rolling_restart_loadtest=true", *LOADTEST_ARGS)
         assert roll.returncode == 0, roll.stdout[-3000:]
         assert healthy(host) and server_states()[f"{host}-main"] == "UP"
-        enable = roll.stdout.index("TASK [balancer : Put the host's servers in READY")
-        assert roll.stdout.index(f"{host} instance main: load test PASSED") < enable, roll.stdout[-3000:]
-        runs = sorted(glob.glob(os.path.join(PROJECT, "reports", "rolling-restart", "*", "loadtest",
-                                             f"{host}-main.json")))
-        with open(runs[-1]) as f:
-            tested = json.load(f)
-        assert tested["verdict"]["passed"] and all(s["completed"] == s["requests"] > 0 for s in tested["stages"])
+        passed_loadtest_before_enable(roll, host, os.path.join(PROJECT, "reports", "rolling-restart", "*", "loadtest"))
     finally:
         sh(host, f"rm -rf {dropin} && systemctl daemon-reload")
 
