@@ -19,6 +19,23 @@ from ansible.errors import AnsibleFilterError
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # HAProxy words the roles write unquoted: names, addresses, ports.
 HAPROXY_WORD = re.compile(r"^[A-Za-z0-9_.:\[\]-]+$")
+# Every other kind of value haproxy.cfg gets from the inventory, each kept to what HAProxy reads as that kind: none
+# may hold whitespace, '#', quotes, backslashes or '$' (they split words, start comments or expand variables), so a
+# value can never add an argument, a line or a server. "line" is the one free-form kind (the *_extra settings, which
+# are configuration on purpose): one line, no control characters.
+HAPROXY = {
+    "word": (HAPROXY_WORD, "a single HAProxy word (letters, digits and . _ - : [ ] only)"),
+    "time": (re.compile(r"^[0-9]{1,9}(us|ms|s|m|h|d)?$"), "an HAProxy time (digits, then us, ms, s, m, h or d)"),
+    "path": (re.compile(r"^/[A-Za-z0-9._~%!+,;=:@/-]*$"),
+             "a URL path starting with / (letters, digits and . _ ~ % ! + , ; = : @ / - only)"),
+    # address:port (IPv6 in brackets; empty or * for every address), then bind options of the same safe words.
+    "bind": (re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.*-]*):[0-9]{1,5}( [A-Za-z0-9_.:/@=,+-]+)*$"),
+             "address:port, then bind options (letters, digits and . _ : / @ = , + -), single spaces between"),
+    # A keyword with an optional argument in brackets: leastconn, random(2), hdr(host); retry-on's 503 too.
+    "keyword": (re.compile(r"^[a-z0-9][a-z0-9_-]*(\([A-Za-z0-9_.-]*\))?$"),
+                "an HAProxy keyword such as leastconn or conn-failure"),
+    "line": (re.compile(r"^[^\x00-\x1f\x7f]*$"), "one line (no newline or other control character)"),
+}
 
 
 def _control(text):
@@ -91,12 +108,15 @@ def env_file(env, what="environment file"):
     return "\n".join('%s="%s"' % (key, re.sub(r'([\\"`$])', r"\\\1", value)) for key, value in _variables(env, what))
 
 
-def haproxy_word(value, what="value"):
-    """A name, address or port for haproxy.cfg: letters, digits and . _ - : [ ] only, so it stays one word."""
+def haproxy_word(value, what="value", kind="word"):
+    """A value for haproxy.cfg that stays what it is (HAPROXY): by default a name, address or port, one word of
+    letters, digits and . _ - : [ ]; a time, a URL path, bind arguments, a keyword or a whole line by `kind`."""
+    if kind not in HAPROXY:
+        raise AnsibleFilterError("haproxy_word: unknown kind %r for %s (known: %s)" % (kind, what, ", ".join(HAPROXY)))
     text = _text(value, what)
-    if not HAPROXY_WORD.match(text):
-        raise AnsibleFilterError("%s %r is not a single HAProxy word (letters, digits and . _ - : [ ] only)"
-                                 % (what, text))
+    pattern, wanted = HAPROXY[kind]
+    if not pattern.fullmatch(text) or (kind != "line" and not text):
+        raise AnsibleFilterError("%s %r is not %s" % (what, text, wanted))
     return text
 
 
@@ -145,10 +165,13 @@ def _problem(name, value, kind):
         if text.startswith("-"):
             return "%s %r starts with '-', which a command line would read as an option" % (name, text)
         return None
-    if kind not in RULES:
-        raise AnsibleFilterError("fleet_invalid: unknown kind %r for %s (known: port, secret, text, %s)"
-                                 % (kind, name, ", ".join(RULES)))
-    pattern, what = RULES[kind]
+    if kind.startswith("haproxy_") and kind[8:] in HAPROXY:
+        pattern, what = HAPROXY[kind[8:]]
+    elif kind in RULES:
+        pattern, what = RULES[kind]
+    else:
+        raise AnsibleFilterError("fleet_invalid: unknown kind %r for %s (known: port, secret, text, %s, %s)" % (
+            kind, name, ", ".join(RULES), ", ".join("haproxy_" + k for k in HAPROXY)))
     if _control(text) or not pattern.match(text) or (kind == "path" and "/../" in text + "/"):
         return "%s must be %s, got %r" % (name, what, text)
     return None

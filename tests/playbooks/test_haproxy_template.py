@@ -1,23 +1,30 @@
 """The balancer role's haproxy.cfg as its template renders it for an inventory: a host whose vllm-watchdog runs gets
 HAProxy's agent-check on every server (so a wedged instance leaves rotation), one with vllm_watchdog_enabled false
-gets none (no agent answers there)."""
+gets none (no agent answers there). No setting can carry configuration: the door refuses them all, naming each, and
+the template writes every value through the one renderer."""
 import json
 import os
+import re
 import subprocess
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
-def render(tmp_path, hosts):
+def run_render(tmp_path, hosts, extra=None):
     inventory = tmp_path / "hosts.json"
     inventory.write_text(json.dumps({"all": {"hosts": {"localhost": {
         "ansible_connection": "local", "ansible_python_interpreter": os.path.join(ROOT, ".venv", "bin", "python")}}},
         "vllm": {"hosts": hosts}}))
     run = subprocess.run(
         [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", str(inventory),
-         "tests/playbooks/render_haproxy.yml", "-e", json.dumps({"render_out": str(tmp_path)})],
+         "tests/playbooks/render_haproxy.yml", "-e", json.dumps(dict(extra or {}, render_out=str(tmp_path)))],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
         env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg")))
+    return run
+
+
+def render(tmp_path, hosts):
+    run = run_render(tmp_path, hosts)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     return [line.strip() for line in (tmp_path / "haproxy.cfg").read_text().splitlines()
             if line.strip().startswith("server ")]
@@ -35,3 +42,39 @@ def test_agent_check_only_where_the_watchdog_runs(tmp_path):
         "server gpu-b-main gpu-b:8000 check",
         'server gpu-c-main gpu-c:8000 check agent-check agent-port 9100 agent-send "main\\n" agent-inter 2s',
     ]
+
+
+INJECTION = "\n    server evil 203.0.113.66:80"
+# Every setting the template writes, each carrying a server line (the probe of issue 28 used balancer_health_path).
+HOSTILE = {name: value + INJECTION for name, value in {
+    "balancer_backend_name": "vllm", "balancer_backend_group": "vllm", "balancer_health_path": "/health",
+    "balancer_stats_uri": "/", "balancer_prometheus_path": "/metrics", "balancer_socket": "/run/haproxy/admin.sock",
+    "balancer_state_file": "/var/lib/haproxy/server-state", "balancer_balance": "leastconn",
+    "balancer_check_inter": "1s", "balancer_agent_inter": "2s", "balancer_timeout_check": "3s",
+    "balancer_timeout_connect": "5s", "balancer_timeout_client": "10m", "balancer_timeout_server": "10m",
+    "balancer_timeout_http_request": "60s", "balancer_timeout_http_keep_alive": "30s", "balancer_timeout_queue": "60s",
+    "balancer_stats_bind": "127.0.0.1:8404", "balancer_prometheus_bind": "127.0.0.1:8405"}.items()}
+HOSTILE_LISTS = {"balancer_bind": [":80" + INJECTION], "balancer_retry_on": ["503" + INJECTION],
+                 "balancer_global_extra": ["maxconn 10" + INJECTION], "balancer_defaults_extra": ["x" + INJECTION],
+                 "balancer_backend_extra": ["x" + INJECTION]}
+
+
+def test_every_setting_that_could_carry_configuration_is_refused_naming_it(tmp_path):
+    hostile = dict(HOSTILE, **HOSTILE_LISTS)
+    run = run_render(tmp_path, {"gpu-a": {}}, hostile)
+    assert run.returncode != 0
+    assert not (tmp_path / "haproxy.cfg").exists()
+    message = run.stdout + run.stderr
+    for name, value in hostile.items():
+        assert re.search(r"\b%s(\[0\])? " % name, message), "%s not named in: %s" % (name, message[-3000:])
+
+
+def test_template_writes_every_value_through_the_renderer():
+    """Each {{ }} of haproxy.cfg.j2 is piped through haproxy_word (with a kind) or int, but ansible_managed: a new
+    setting written raw fails here."""
+    path = os.path.join(ROOT, "roles", "balancer", "templates", "etc", "haproxy", "haproxy.cfg.j2")
+    with open(path) as handle:
+        expressions = re.findall(r"{{(.*?)}}", handle.read())
+    raw = [e.strip() for e in expressions if e.strip() != "ansible_managed"
+           and not re.search(r"\|\s*(haproxy_word\(|int\b)", e) and e.strip() not in ("' ' if not loop.last",)]
+    assert raw == []

@@ -66,6 +66,35 @@ def test_haproxy_words():
             haproxy_word(bad)
 
 
+# Every kind of haproxy.cfg value: what each accepts, and what would carry configuration (issue 28: a newline in
+# balancer_health_path added a server line that `haproxy -c` calls valid).
+HAPROXY_KINDS = {
+    "time": (["1s", "250ms", "10m", "60", "2d"], ["1 s", "5s\n    server evil 203.0.113.66:80", "s", "-1s", "1.5s"]),
+    "path": (["/health", "/metrics", "/", "/v1/%7Euser;x=1"],
+             ["health", "/health\n    server evil 203.0.113.66:80", "/a b", "/a#b", "/a\"b", "/${X}", ""]),
+    "bind": ([":80", "*:8080", "10.0.0.5:8000", "[::]:80", ":443 ssl crt /etc/haproxy/site.pem"],
+             ["80", ":80\n    server evil 203.0.113.66:80", ":80  ssl", ":80 #x", "host:port", ""]),
+    "keyword": (["leastconn", "random(2)", "hdr(host)", "conn-failure", "503"],
+                ["least conn", "leastconn\nserver x", "uri whole", "Leastconn", ""]),
+    "line": (["option http-keep-alive", "", "http-request set-header X-Y \"a b\""], ["one\ntwo", "tab\there"]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HAPROXY_KINDS))
+def test_haproxy_kinds(kind):
+    good, bad = HAPROXY_KINDS[kind]
+    for value in good:
+        assert haproxy_word(value, "balancer_x", kind) == value
+        assert fleet_invalid([["balancer_x", value, "haproxy_" + kind]]) == []
+    for value in bad:
+        with pytest.raises(AnsibleFilterError, match=r"^balancer_x "):
+            haproxy_word(value, "balancer_x", kind)
+        problems = fleet_invalid([["balancer_x", value, "haproxy_" + kind]], host="lb-1")
+        assert len(problems) == 1 and problems[0].startswith("lb-1: balancer_x "), (value, problems)
+    with pytest.raises(AnsibleFilterError, match=r"unknown kind 'url' for balancer_x"):
+        haproxy_word("/x", "balancer_x", "url")
+
+
 def test_fleet_invalid_names_the_variable_and_hides_secrets():
     problems = fleet_invalid([
         ["vllm_home", "/var/lib/vllm", "path"], ["vllm_hf_home", "/var/lib/../etc", "path"],
