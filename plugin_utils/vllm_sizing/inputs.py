@@ -123,6 +123,11 @@ def gpu_group(gpus, usable_override):
                                 % (field, gpu["name"], used))
         capabilities.append(parse_capability(gpu.get("compute_capability"), field + ".compute_capability"))
     names = sorted({gpu["name"] for gpu in gpus})
+    if usable_override is not None and totals and usable_override > min(totals):
+        # More memory than the GPU has would plan a KV cache vLLM never gets (a host that does not come back).
+        fail("policy.usable_memory_mib %d is more than the %d MiB nvidia-smi reports for %s: set it at most to that "
+             "(it is for MIG instances and GPUs whose total nvidia-smi does not report)"
+             % (usable_override, min(totals), names[0] if len(names) == 1 else " / ".join(names)))
     if usable_override is not None:
         usable = usable_override * MiB
     else:

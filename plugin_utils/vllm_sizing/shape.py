@@ -86,6 +86,11 @@ def model_shape(model, dtype=None, online=None):
     kv_heads = heads if get("num_key_value_heads") is None else as_int(
         get("num_key_value_heads"), prefix + ".num_key_value_heads")
     mla = get("kv_lora_rank") is not None
+    if not mla and heads % kv_heads:
+        # Grouped-query attention shares each KV head among the same number of query heads; anything else is a typo
+        # that would be sized as that many more KV heads than the model has.
+        fail("%s.num_key_value_heads %d must divide num_attention_heads %d (and so be at most that)"
+             % (prefix, kv_heads, heads))
     if mla:
         head_size = (as_int(get("kv_lora_rank"), prefix + ".kv_lora_rank")
                      + as_int(get("qk_rope_head_dim"), prefix + ".qk_rope_head_dim", minimum=0))

@@ -165,6 +165,11 @@ BASE = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "nu
     (dict(BASE, num_hidden_layers="8"), r"model.num_hidden_layers must be an integer, got '8'"),
     (dict(BASE, num_hidden_layers=0), r"model.num_hidden_layers must be at least 1, got 0"),
     (dict(BASE, num_key_value_heads=True), r"model.num_key_value_heads must be an integer, got True"),
+    # Issue 24's probes: sized as 6.5x the KV capacity before.
+    (dict(BASE, num_key_value_heads=52), r"model.num_key_value_heads 52 must divide num_attention_heads 8"),
+    (dict(BASE, num_key_value_heads=3), r"model.num_key_value_heads 3 must divide num_attention_heads 8"),
+    ({"text_config": dict(BASE, num_key_value_heads=16)},
+     r"model.text_config.num_key_value_heads 16 must divide num_attention_heads 8"),
     (dict(BASE, head_dim=12.5), r"model.head_dim must be an integer, got 12.5"),
     (dict(BASE, num_attention_heads=512), r"model.num_attention_heads 512 is larger than hidden_size 256: no head size"),
     (dict(BASE, sliding_window=-1), r"model.sliding_window must be at least 0"),
@@ -228,6 +233,11 @@ def test_bad_memory_argument():
     ([gpu("A10G", 23028, "8.6")], {}, {"vllm_version": "1.0"}, r"vllm_version '1.0' is not in the version table"),
     ([gpu("A10G", 23028, "8.6")], {}, {"min_num_seqs": 0}, r"policy.min_num_seqs must be at least 1"),
     ([gpu("A10G", 23028, "8.6")], {}, {"usable_memory_mib": "lots"}, r"policy.usable_memory_mib must be an integer"),
+    # Issue 24's probe: 200000 MiB on an A10G planned 166 GiB of KV cache per GPU.
+    ([gpu("A10G", 23028, "8.6")], {}, {"usable_memory_mib": 200000},
+     r"policy.usable_memory_mib 200000 is more than the 23028 MiB nvidia-smi reports for A10G"),
+    ([gpu("A10G", 23028, "8.6"), gpu("A10G", 22000, "8.6")], {}, {"usable_memory_mib": 22500},
+     r"policy.usable_memory_mib 22500 is more than the 22000 MiB"),
 ])
 def test_bad_sizing_input(gpus, workload, policy, message):
     with pytest.raises(AnsibleFilterError, match=message):
