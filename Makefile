@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PLAYBOOKS := $(wildcard playbooks/*.yml)
 SCENARIOS := balancer schedule driver fleet
 
-.PHONY: help venv host image wheelhouse controller-vllm models controller-check fleet-deps prometheus-tools lint unit check oracle molecule \
+.PHONY: help venv host image wheelhouse controller-vllm oracle-vllm vllm-source models controller-check fleet-deps prometheus-tools lint unit check oracle molecule \
 	test demo bench clean
 
 help:
@@ -35,6 +35,9 @@ wheelhouse:
 	bash scripts/build-wheelhouse.sh
 controller-vllm: wheelhouse
 	bash scripts/build-controller-vllm.sh
+# The oracle's second release of the CPU build (scripts/lib.sh VLLM_ORACLE_VERSION).
+oracle-vllm:
+	bash scripts/build-oracle-vllm.sh
 MAKE_MODEL := $(VLLM_FLEET_CACHE)/vllm-venv/bin/python scripts/make_test_model.py
 models: controller-vllm
 	$(MAKE_MODEL) $(VLLM_FLEET_CACHE)/models/tiny-llama
@@ -48,6 +51,9 @@ models: controller-vllm
 controller-check: models
 	$(VLLM_FLEET_CACHE)/vllm-venv/bin/python scripts/check_controller_vllm.py $(VLLM_FLEET_CACHE)/models/tiny-llama
 fleet-deps: image wheelhouse models controller-check
+# The Python source of every vLLM release since 0.11.0 (PyPI), so the release table's test reads each row's release.
+vllm-source: venv
+	$(BIN)/python tools/vllm_release.py fetch --all
 # promtool and amtool (Debian's packages, unpacked into the cache) for the monitoring role's rule tests.
 prometheus-tools:
 	bash scripts/get-prometheus-tools.sh
@@ -56,11 +62,11 @@ lint: venv
 	$(BIN)/yamllint --strict .
 	$(BIN)/ansible-lint --profile production --strict
 	for p in $(PLAYBOOKS); do $(BIN)/ansible-playbook --syntax-check -i inventory.example $$p || exit 1; done
-unit: venv prometheus-tools
+unit: venv prometheus-tools vllm-source
 	$(BIN)/pytest tests/unit tests/playbooks -q
 check: lint unit
 
-oracle: venv controller-check
+oracle: venv controller-check oracle-vllm
 	$(BIN)/pytest tests/oracle -q -m oracle
 molecule: venv fleet-deps
 	for s in $(SCENARIOS); do $(BIN)/molecule test -s $$s || exit 1; done

@@ -13,6 +13,7 @@ asserts the bounds on the same predictions.
 import glob
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -59,14 +60,17 @@ OVER, OFF = 3.0, 5.0
 
 
 def version_row(version):
-    """The version-table row whose budget behaves like this release: the newest row not after it (0.10 logs take
-    the oldest row, 0.11.0: the same profiling, no CUDA-graph budget; the 0.27.1 log takes 0.19.0, and like 0.19 its
-    printed KV memory is the requested memory less weights, non-torch and activation, no CUDA-graph estimate)."""
-    if not version:
+    """The release-table row of the logged release: its own, else the newest row before it (a pre-release such as
+    0.15.2rc1 runs the code of the release before; 0.10 logs take the oldest row, 0.11.0: the same profiling and
+    sampler, no CUDA-graph budget)."""
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")
+    if not match:
         return None
-    key = tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
-    rows = sorted(sz.versions.VERSIONS, key=lambda v: tuple(int(p) for p in v.split(".")))
-    older = [r for r in rows if tuple(int(p) for p in r.split(".")) <= key]
+    key = tuple(int(part) for part in match.groups())
+    if version in sz.versions.VERSIONS:
+        return version
+    rows = sorted(sz.versions.VERSIONS, key=sz.versions.version_key)
+    older = [r for r in rows if sz.versions.version_key(r) < key]
     return older[-1] if older else rows[0]
 
 
@@ -163,6 +167,9 @@ def main():
             "  <-- outside bounds" if error > OVER or abs(error) > OFF else ""))
     if rows:
         print("\n" + summary(rows))
+        print("\nper release (the row the log was sized with):")
+        for release in sorted({row[2]["vllm_version"] for row in rows}, key=sz.versions.version_key):
+            print("  %-8s %s" % (release, summary([row for row in rows if row[2]["vllm_version"] == release])))
     for ident, why in skipped:
         print("skipped %s: %s" % (ident, why))
 

@@ -3,10 +3,11 @@
 
     .venv/bin/python benchmarks/bench_calibration.py
 
-For every published startup of tests/fixtures/startup-logs/ that benchmarks/bench_budget.py sizes, the log's own
-lines go through vllm_startup_report and back into vllm_sizing as policy.measured: the plan's KV memory per GPU is
-then compared with what vLLM printed, beside the estimate's error. tests/unit/test_vllm_sizing_corpus.py asserts the
-bound on the same figures.
+For every published startup of tests/fixtures/startup-logs/ that benchmarks/bench_budget.py sizes, the log's lines
+that vLLM prints at INFO level (what a server logs by default) go through vllm_startup_report and back into
+vllm_sizing as policy.measured, as the calibration store holds them: with the request of the plan that started (its
+utilization and the GPU's nvidia-smi total). The plan's KV memory per GPU is then compared with what vLLM printed,
+beside the estimate's error. tests/unit/test_vllm_sizing_corpus.py asserts the bound on the same figures.
 """
 import os
 import statistics
@@ -20,9 +21,12 @@ import vllm_startup_report  # noqa: E402  (bench_budget puts filter_plugins on t
 def calibrated():
     """Rows of (id, estimate error %, calibrated error %, measured parts)."""
     rows = []
-    for ident, log, _, error in bench_budget.corpus()[0]:
-        report = vllm_startup_report.vllm_startup_report(log["lines"])
-        plan, _ = bench_budget.predict(log, measured=report)
+    for ident, log, plan, error in bench_budget.corpus()[0]:
+        info = [line for line in log["lines"] if " DEBUG " not in line]
+        entry = {"report": vllm_startup_report.vllm_startup_report(info), "request": {
+            "gpu_memory_utilization": plan["engine_args"]["gpu_memory_utilization"],
+            "memory_total_mib": plan["gpus"]["memory_total_mib"]}}
+        plan, _ = bench_budget.predict(log, measured=entry)
         printed = log["parsed"]["kv_available_gib"] * bench_budget.sz.common.GiB
         after = (plan["budget_per_gpu"]["kv_cache_bytes"] - printed) / printed * 100
         rows.append((ident, error, after, plan.get("calibration", {}).get("parts", [])))

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A vLLM (CPU build) on the controller, from the same wheelhouse as the test hosts. Used to build the tiny test
 # models (it carries torch and transformers) and by the oracle test that checks the sizing filter against vLLM.
+# With VLLM_TEST_VERSION set to another release, that release in a venv of its own (the oracle's second release).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
-venv="$VLLM_FLEET_CACHE/vllm-venv"
+venv=$(controller_venv "$VLLM_TEST_VERSION")
 stamp="$VLLM_TEST_PACKAGE==$VLLM_TEST_VERSION"
 
 if [ "$(cat "$venv/.installed" 2>/dev/null)" = "$stamp" ]; then

@@ -80,8 +80,14 @@ def measurement(value):
     if key is not None and not isinstance(key, str):
         fail("policy.measured.key must be the store directory the entry was recorded under (vllm_calibration_key), "
              "got %r" % (key,))
+    request = as_dict(entry.get("request"), "policy.measured.request") if "report" in entry else {}
+    for name, check in (("gpu_memory_utilization", lambda v: isinstance(v, (int, float)) and 0 < v <= 1),
+                        ("memory_total_mib", lambda v: isinstance(v, int) and v > 0)):
+        value = request.get(name)
+        if value is not None and (isinstance(value, bool) or not check(value)):
+            fail("policy.measured.request.%s must be the plan's %s at that start, got %r" % (name, name, value))
     source = {k: entry[k] for k in ("host", "instance", "started_at") if entry.get(k) is not None}
-    return {"report": report, "key": key, "source": source}
+    return {"report": report, "key": key, "source": source, "request": request}
 
 
 def applies(measured, attempt):
@@ -185,6 +191,8 @@ def compile_cache(report):
 
 # vLLM prints the utilization with two decimals at most; closer than this is the same request.
 SAME_UTILIZATION = 0.005
+# vLLM prints GiB rounded to two decimals.
+PRINTED_GIB_ROUNDING = 0.005 * (1 << 30)
 
 
 def comparable_kv(report, utilization):
@@ -219,26 +227,58 @@ def comparable_kv(report, utilization):
                                                                      gib(requested - kv)))
 
 
-def measured_budget(budget, measured, utilization):
+def same_request(measured, budget, utilization, total_mib):
+    """Whether vLLM asked for the same memory at that start as it will for this plan, so that the KV cache it printed
+    is what it will have again: the same utilization on a GPU of the same nvidia-smi total (what the store entry
+    recorded of its plan). A bare report can only say it through the requested memory it printed, which vLLM rounds
+    to 0.01 GiB (and whose total is CUDA's, not nvidia-smi's)."""
+    report, request = measured["report"], measured["request"]
+    if request.get("gpu_memory_utilization") is not None and request.get("memory_total_mib") is not None:
+        return (abs(request["gpu_memory_utilization"] - utilization) < SAME_UTILIZATION
+                and request["memory_total_mib"] == total_mib)
+    printed = report.get("requested_memory_bytes")
+    return printed is not None and abs(printed - budget["requested_bytes"]) <= PRINTED_GIB_ROUNDING
+
+
+def measured_parts(report, row):
+    """The budget parts a report measured, as the budget counts them: report key -> bytes."""
+    parts = {budget_key: report[key] for key, budget_key in PARTS.items() if key in report}
+    if "non_torch_bytes" not in parts and "weights_plus_non_torch_bytes" in report and "model_loading_bytes" in report:
+        # 0.27+: "consumed memory (weights + non-torch)".
+        parts["non_torch_bytes"] = max(0, report["weights_plus_non_torch_bytes"] - report["model_loading_bytes"])
+    # Where vLLM takes the CUDA-graph estimate from the KV memory, the estimate is the part, not the capture.
+    estimate = report.get("cuda_graph_estimated_bytes")
+    equivalent, total = report.get("cuda_graph_equivalent_utilization"), report.get("total_memory_bytes")
+    if estimate is None and equivalent is not None and total is not None:
+        estimate = round((report["gpu_memory_utilization"] - equivalent) * total)
+    if estimate is not None:
+        parts["cuda_graph_bytes"] = estimate
+    if "weights_plus_non_torch_bytes" in report and "activation_peak_bytes" in report and estimate is None \
+            and (row["cuda_graph_estimate"]["v1"] or row["cuda_graph_estimate"]["v2"]):
+        # 0.27+'s summary line counts the estimate it took within its peak activation.
+        parts["cuda_graph_bytes"] = 0
+    return parts
+
+
+def measured_budget(budget, measured, utilization, total_mib, row):
     """The budget with the measured parts in place of the estimates, and what was measured.
 
-    The KV cache: vLLM's own figure when the report shows the same request (same GPU memory x utilization) or a
-    CPU build (its KV space is fixed by VLLM_CPU_KVCACHE_SPACE); else what the measured parts leave. A cold compile
-    cache measured more activation than a warm start needs: its parts are used, but the KV never goes above the
-    estimate's until a warm start is measured."""
+    The KV cache: vLLM's own figure when it asked for the same memory (same_request) or on a CPU build (its KV space
+    is fixed by VLLM_CPU_KVCACHE_SPACE); else what the measured parts leave. A cold compile cache measured more
+    activation than a warm start needs: its parts are used, but the KV never goes above the estimate's until a warm
+    start is measured."""
     report = measured["report"]
     out = dict(budget)
+    values = measured_parts(report, row)
     # CUDA graphs count only where the budget has them (versions that take them from the KV memory, not eager).
-    parts = [budget_key for key, budget_key in PARTS.items()
-             if key in report and not (budget_key == "cuda_graph_bytes" and budget["cuda_graph_bytes"] == 0)]
-    for key, budget_key in PARTS.items():
-        if budget_key in parts:
-            out[budget_key] = report[key]
+    parts = [key for key in values if not (key == "cuda_graph_bytes" and budget["cuda_graph_bytes"] == 0)]
+    for key in parts:
+        out[key] = values[key]
     if parts:
         out["kv_cache_bytes"] = max(0, budget["kv_cache_bytes"] + sum(budget[p] - out[p] for p in parts))
     kv = report.get("available_kv_cache_bytes")
-    same_request = report.get("requested_memory_bytes") == budget["requested_bytes"]
-    if kv is not None and (same_request or report.get("kv_cache_device") == "CPU"):
+    if kv is not None and (report.get("kv_cache_device") == "CPU" or same_request(measured, budget, utilization,
+                                                                                   total_mib)):
         out["kv_cache_bytes"] = kv
         parts.append("kv_cache_bytes")
     cache = compile_cache(report)

@@ -21,9 +21,11 @@ SIZING_POLICY = {"model": "policy.model (the role: vllm_model or vllm_model_dir)
                  "disable_custom_all_reduce": "policy.expandable_segments (it sets this flag with TP/PP > 1)"}
 
 # The only place vLLM flags are spelled, but for the negative forms of booleans, which change between releases and
-# so live in the version table (VERSIONS[...]["negative_flags"]). kind: str, int and number (one argument; min and max
+# so live in the release table (VERSIONS[...]["negative_flags"], with the flags a release lacks and the choices its
+# parser enforces). kind: str, int and number (one argument; min and max
 # inclusive), choice (one of choices), list (nargs+), json (a dict as JSON), bool (bare flag when true; when false
-# the release's negative form, or nothing for booleans off by default).
+# nothing, or the release's negative form for default_on booleans: some release turns them on by default, so off
+# must be said).
 FLAGS = {
     "model": {"flag": "--model", "kind": "str"},
     "host": {"flag": "--host", "kind": "str"},
@@ -44,9 +46,9 @@ FLAGS = {
     "enforce_eager": {"flag": "--enforce-eager", "kind": "bool"},
     "disable_custom_all_reduce": {"flag": "--disable-custom-all-reduce", "kind": "bool"},
     "enable_expert_parallel": {"flag": "--enable-expert-parallel", "kind": "bool"},
-    "enable_prefix_caching": {"flag": "--enable-prefix-caching", "kind": "bool"},
-    "enable_chunked_prefill": {"flag": "--enable-chunked-prefill", "kind": "bool"},
-    "async_scheduling": {"flag": "--async-scheduling", "kind": "bool"},
+    "enable_prefix_caching": {"flag": "--enable-prefix-caching", "kind": "bool", "default_on": True},
+    "enable_chunked_prefill": {"flag": "--enable-chunked-prefill", "kind": "bool", "default_on": True},
+    "async_scheduling": {"flag": "--async-scheduling", "kind": "bool", "default_on": True},
     "shutdown_timeout": {"flag": "--shutdown-timeout", "kind": "int", "min": 0},
     "enable_lora": {"flag": "--enable-lora", "kind": "bool"},
     "max_loras": {"flag": "--max-loras", "kind": "int", "min": 1},
@@ -74,10 +76,8 @@ FLAGS = {
 
 
 def available_flags(version):
-    """The flags of FLAGS that vLLM `version` has: all but those only some releases have (versioned_flags in
-    VERSIONS), plus its own."""
-    versioned = frozenset().union(*(row["versioned_flags"] for row in VERSIONS.values()))
-    return (frozenset(FLAGS) - versioned) | VERSIONS[version]["versioned_flags"]
+    """The flags of FLAGS that vLLM `version` has (the release table's absent_flags are the others)."""
+    return frozenset(FLAGS) - frozenset(VERSIONS[version]["absent_flags"])
 
 
 def vllm_serve_args(plan, serve=None):
@@ -117,13 +117,21 @@ def vllm_serve_args(plan, serve=None):
 def _render(key, spec, value, version, field):
     """The words of one flag; field names the input in errors."""
     kind = spec["kind"]
+    choices = VERSIONS[version]["choices"].get(key)
+    if choices is not None and not isinstance(value, bool) and value not in choices:
+        # The release's parser refuses anything else (argparse choices), e.g. --max-lora-rank 24.
+        fail("%s must be one of %s in vLLM %s, got %r" % (field, ", ".join(str(c) for c in choices), version, value))
     if kind == "bool":
         if not isinstance(value, bool):
             fail("%s must be true or false, got %r" % (field, value))
         if value:
             return [spec["flag"]]
+        if not spec.get("default_on"):
+            return []
         negative = VERSIONS[version]["negative_flags"].get(key)
-        return [negative] if negative else []
+        if negative is None:
+            fail("%s: vLLM %s has no way to turn %s off" % (field, version, spec["flag"]))
+        return [negative]
     if isinstance(value, bool):
         fail("%s takes a value, not %r" % (field, value))
     if kind == "list":

@@ -41,7 +41,7 @@ POLICY = {
     "block_size": ("int", None, "KV block size"),
     "enforce_eager": ("bool", None, "CUDA graphs off"),
     "expandable_segments": ("bool", True, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
-    "flashinfer_sampler": ("bool", True, "vLLM samples top-k/top-p with FlashInfer"),
+    "flashinfer_sampler": ("bool", True, "FlashInfer is installed (the release decides whether its sampler uses it)"),
     "activation_bytes": ("bytes", None, "measured activation peak per GPU"),
     "cuda_graph_bytes": ("bytes", None, "measured CUDA graph memory per GPU"),
     "non_torch_bytes": ("bytes", None, "measured non-torch memory per GPU"),
@@ -95,8 +95,9 @@ def policy(value):
 
 
 def gpu_group(gpus, usable_override):
-    """(name, count, usable bytes per GPU, smallest compute capability, warnings) of the GPU facts of one group.
-    usable_override: policy.usable_memory_mib (None: from the smallest GPU's total)."""
+    """(name, count, usable bytes per GPU, smallest compute capability, warnings, smallest nvidia-smi total in MiB or
+    None) of the GPU facts of one group. usable_override: policy.usable_memory_mib (None: from the smallest GPU's
+    total)."""
     if not isinstance(gpus, list) or not gpus:
         fail("gpus must be a non-empty list of GPU facts (ansible_facts.nvidia_gpus), got %r" % (gpus,))
     totals, capabilities, warnings = [], [], []
@@ -135,4 +136,4 @@ def gpu_group(gpus, usable_override):
         # listed, 79.2 GiB usable): budget from usable memory.
         smallest = min(totals)
         usable = (smallest - max(512, smallest // 100)) * MiB
-    return " + ".join(names), len(gpus), usable, min(capabilities), warnings
+    return " + ".join(names), len(gpus), usable, min(capabilities), warnings, min(totals) if totals else None

@@ -8,9 +8,12 @@ is N". The one place this arithmetic lives.
 
 import re
 
+from ansible.errors import AnsibleFilterError
+
 from .common import as_int, cdiv, fail, format_gib
 from .shape import model_shape
-from .versions import AMX_FLAG, ATTENTION, CAPABILITIES, VERSIONS, resolve_version
+from .versions import (AMX_FLAG, CC_GRID, VERSIONS, async_scheduling as default_async, in_flight_batches,
+                       model_runner, resolve_version)
 from .weights import pp_stages
 
 # kv_cache_dtype -> bytes per element (None: the model's dtype). fp8_ds_mla is a fixed 656-byte row.
@@ -55,7 +58,8 @@ def checked_kv_dtype(version, value, field):
     """value if it is one of the version's --kv-cache-dtype choices that this arithmetic sizes."""
     choices = [d for d in VERSIONS[version]["kv_cache_dtypes"] if d in KV_DTYPE_BYTES]
     if value not in choices:
-        fail("%s %r is not one of vLLM %s's choices (%s)" % (field, value, version, ", ".join(choices)))
+        fail("%s %r is not one of vLLM %s's choices that this filter sizes (%s)"
+             % (field, value, version, ", ".join(choices)))
     return value
 
 
@@ -87,25 +91,47 @@ def kv_layout(shape, tensor_parallel_size, pipeline_parallel_size, kv_cache_dtyp
     if pp > shape["layers"]:
         fail("pipeline_parallel_size %d is more than the %d layers of %s" % (pp, shape["layers"], shape["name"]))
     checked_kv_dtype(version, kv_cache_dtype, "kv_cache_dtype")
-    block_size = as_int(block_size, "block_size", allow_none=True)
-    if block_size is not None and row["block_sizes"] and block_size not in row["block_sizes"]:
-        fail("block_size %d is not one of vLLM %s's choices (%s)"
-             % (block_size, version, ", ".join(str(b) for b in row["block_sizes"])))
-    attention = attention_backend(shape, version, device, block_size)
+    attention = attention_backend(shape, version, device, as_int(block_size, "block_size", allow_none=True),
+                                  kv_cache_dtype)
     block_size = attention["block_size"]
     cpu = device["type"] == "cpu"
     if max_num_batched_tokens is None:
-        max_num_batched_tokens = row["cpu_batch_defaults"][0] * tp * pp if cpu else row["batch_defaults"][-1][2]
+        max_num_batched_tokens = row["cpu_batch_defaults"][0] * tp * pp if cpu else row["batch_defaults"][-1][3]
     batched = as_int(max_num_batched_tokens, "max_num_batched_tokens")
+    runner = "v1" if cpu else model_runner(row, shape)
     if async_scheduling is None:
-        async_scheduling = row["async_scheduling"] and not cpu
-    in_flight = batched if row["in_flight"] == "batch" else (pp + 1 if async_scheduling else pp) * batched
+        async_scheduling = default_async(row, pp, runner, cpu)
+    # The KV arithmetic's block: the --block-size, but for a model of sliding-window layers only, whose layers take a
+    # block of their own from 0.25 (hybrid models have theirs scaled back to the full-attention layers' page).
+    kv_block = block_size
+    if all(window is not None for window in shape["windows"]):
+        kv_block = sliding_block(row["sw_block"], attention["kernel"], block_size)
     return {
         "shape": shape, "version": version, "row": row, "tp": tp, "pp": pp, "block_size": block_size,
-        "attention": attention,
-        "in_flight": in_flight, "page": block_size * _bytes_per_token(shape, tp, kv_cache_dtype),
+        "kv_block": kv_block, "attention": attention, "runner": runner,
+        "in_flight": in_flight_batches(row, pp, runner, async_scheduling) * batched,
+        "page": kv_block * _bytes_per_token(shape, tp, kv_cache_dtype),
         "groups": _groups(shape["windows"]), "stages": pp_stages(shape["layers"], pp),
     }
+
+
+def sliding_block(rule, kernel, primary):
+    """The block size a sliding-window layer's KV spec gets under the release's rule (its row's sw_block; vLLM's
+    Attention.get_kv_cache_spec and _largest_kernel_block_within), from the chosen backend's kernel sizes."""
+    if rule == "primary" or kernel is None:
+        return primary
+    ints = [] if kernel["multiple_of"] else list(kernel["sizes"])
+    bases = list(kernel["sizes"]) if kernel["multiple_of"] else []
+    if rule == "smallest":
+        return min(ints or bases)
+    candidates = (ints or bases) if rule == "largest-within" else ints + [max(b, primary // b * b) for b in bases]
+    fitting = [size for size in candidates if size <= primary]
+    if rule == "dividing":
+        dividing = [size for size in fitting if primary % size == 0]
+        dividing += [size for base in bases for size in range(base, primary + 1, base) if primary % size == 0]
+        if dividing:
+            return max(dividing)
+    return max(fitting) if fitting else min(candidates)
 
 
 def device_facts(device, compute_capability=None, cpu_flags=None):
@@ -132,56 +158,158 @@ def parse_capability(value, field):
     return int(match.group(1)), int(match.group(2))
 
 
-def _accepts(backend, block_size):
+def _cc(capability):
+    return "%d.%d" % capability
+
+
+def _takes(backend, block_size):
+    """Whether an attention backend's kernels take KV blocks of block_size (vLLM splits a block into kernel
+    blocks of any size that divides it)."""
+    if backend["multiple_of"]:
+        return block_size % backend["sizes"][0] == 0
     return any(block_size % size == 0 for size in backend["sizes"])
 
 
-def _backend_block(backends, requested, default):
-    """(backend, block size) vLLM settles on among backends that run on the device, in order (None: none takes
-    the requested size)."""
-    if not backends:
-        return None
-    if backends[0].get("forced"):
-        return backends[0], backends[0]["forced"]
+def _preferred(backend, default):
+    """get_preferred_block_size: the platform's default if the backend takes it, else its smallest size."""
+    return default if _takes(backend, default) else min(backend["sizes"])
+
+
+def _cuda_choice(shape, row, cc, requested, kv_dtype):
+    """(backend name, block size) vLLM settles on for this model on a GPU of compute capability cc, or (None,
+    why) when it fails to start."""
+    table = row["cuda"]
+    kind = "mla" if shape["mla"] else "standard"
+    order = next(names for ccs, names in table[kind] if cc in ccs)
+    usable = [name for name in order if cc in table["backends"][name]["runs_on"]
+              and kv_dtype in table["backends"][name].get("kv_dtypes_by_cc", {}).get(
+                  cc, table["backends"][name]["kv_dtypes"])]
+    if not usable:
+        return None, "no attention backend takes kv_cache_dtype %s (vLLM: \"No valid attention backend\")" % kv_dtype
+    default = row["block_size"]
+    if row["block_rule"] == "forced":
+        # The platform sets the size, forcing MLA kernels' sizes even over --block-size, and the backend is chosen
+        # without looking at it: a size its kernels do not take fails when the KV cache is created.
+        block = default if requested is None else requested
+        forced = (table["forced_mla"] or {}).get(cc) if shape["mla"] else None
+        if forced:
+            rule = forced["qk_nope_128" if shape["dims"]["mla"]["nope"] == 128 else "other"]
+            block = block if block in rule["keep"] else rule["else"]
+        name = usable[0]
+        if not _takes(table["backends"][name], block):
+            return None, "%s takes no KV block of %d, only %s (vLLM: \"No common block size for %d\")" % (
+                name, block, _sizes(table["backends"][name]), block)
+        return name, block
     if requested is None:
-        first = backends[0]
-        default = first.get("default", default)
-        return first, default if _accepts(first, default) else min(first["sizes"])
-    return next(((b, requested) for b in backends if _accepts(b, requested)), None)
+        return usable[0], _preferred(table["backends"][usable[0]], default)
+    name = next((n for n in usable if _takes(table["backends"][n], requested)), None)
+    if name is None:
+        return None, "no attention backend takes KV blocks of %d (%s; vLLM: \"No valid attention backend\")" % (
+            requested, "; ".join("%s: %s" % (n, _sizes(table["backends"][n])) for n in usable))
+    return name, requested
 
 
-def attention_backend(shape, version, device, block_size):
-    """The attention backend vLLM picks on the device and the KV block size it then uses (see ATTENTION).
-    Fails when no backend takes the requested block size, and when the answer depends on a fact not given."""
-    default = VERSIONS[version]["block_size"]
-    table = ATTENTION[(device["type"], shape["mla"])]
-    kind = "an MLA model" if shape["mla"] else "standard attention"
-    if device["type"] == "cpu":
-        if device["cpu_flags"] is None and len(table) > 1:
-            fail("on the CPU build, %s gets block size 128 with AMX tiles and 16 without: give cpu_flags (the "
-                 "'flags' line of /proc/cpuinfo) or block_size" % kind)
-        amx = device["cpu_flags"] is not None and AMX_FLAG in device["cpu_flags"]
-        candidates = {None: [b for b in table if b.get("amx", amx) == amx]}
-    elif device["capability"] is not None:
-        candidates = {device["capability"]: [b for b in table if b["runs_on"](device["capability"])]}
+def _sizes(backend):
+    """What block sizes a backend's kernels take, for messages."""
+    return "multiples of " + " or ".join(str(size) for size in backend["sizes"])
+
+
+def _cpu_choice(shape, row, cpu_flags, requested, kv_dtype):
+    """(backend, block size) of the CPU build, or (None, why)."""
+    table = row["cpu"]
+    if shape["mla"]:
+        if table["mla"] is None:
+            return None, "this release's CPU build does not run MLA models"
+        amx = AMX_FLAG in cpu_flags
+        backend = table["mla"]["amx"] if amx and table["mla"]["amx"] else table["mla"]["no_amx"]
     else:
-        candidates = {cc: [b for b in table if b["runs_on"](cc)] for cc in CAPABILITIES}
-    chosen = {cc: _backend_block(backends, block_size, default) for cc, backends in candidates.items()}
-    refused = sorted("%d.%d" % cc if cc else device["type"] for cc, pick in chosen.items() if pick is None)
-    if refused:
-        fail("block_size %d: no attention backend vLLM %s has for %s on %s takes it (%s); vLLM would fail at "
-             "start (\"No valid attention backend\" or \"No common block size for %d\")" % (
-                  block_size, version, kind, ", ".join(refused), "; ".join(
-                      "%s: multiples of %s" % (b["name"], " or ".join(str(x) for x in b["sizes"]))
-                      for b in table), block_size))
-    sizes = {pick[1] for pick in chosen.values()}
-    if len(sizes) > 1:
-        fail("on CUDA, vLLM %s gives %s block size %s depending on the GPU: give compute_capability or block_size"
-             % (version, kind, " or ".join(str(x) for x in sorted(sizes))))
-    names = sorted({pick[0]["name"] for pick in chosen.values()})
-    first = {cc: backends[0]["name"] for cc, backends in candidates.items() if backends}
-    precluded = sorted({first[cc] for cc, pick in chosen.items() if pick[0]["name"] != first[cc]})
-    return {"backend": " or ".join(names), "block_size": sizes.pop(), "precluded": precluded}
+        backend = table["standard"]
+    if kv_dtype not in backend["kv_dtypes"]:
+        return None, "%s takes no kv_cache_dtype %s" % (backend["backend"], kv_dtype)
+    if backend.get("forced"):
+        return backend["backend"], backend["forced"]
+    block = backend["default"] if requested is None else requested
+    if not _takes(backend, block):
+        return None, "%s takes no KV block of %d, only %s (vLLM: \"No common block size for %d\")" % (
+            backend["backend"], block, _sizes(backend), block)
+    return backend["backend"], block
+
+
+def attention_backend(shape, version, device, block_size, kv_cache_dtype="auto"):
+    """The attention backend vLLM picks on the device and the KV block size it then uses (the release table's
+    attention facts). Fails when vLLM would not start with them, and when the answer depends on a fact not given."""
+    row = VERSIONS[version]
+    kind = "an MLA model" if shape["mla"] else "standard attention"
+    if block_size is not None and row["block_sizes"] and block_size not in row["block_sizes"]:
+        fail("block_size %d is not one of vLLM %s's choices (%s)"
+             % (block_size, version, ", ".join(str(b) for b in row["block_sizes"])))
+    if device["type"] == "cpu":
+        if device["cpu_flags"] is None:
+            choices = {_cpu_choice(shape, row, flags, block_size, kv_cache_dtype)
+                       for flags in (frozenset(), frozenset([AMX_FLAG]))}
+            if len(choices) > 1:
+                fail("on the CPU build of vLLM %s, %s gets %s with AMX tiles and without: give cpu_flags (the "
+                     "'flags' line of /proc/cpuinfo) or block_size" % (version, kind, " or ".join(
+                         "%s/%s" % c for c in sorted(choices, key=str))))
+            chosen = {None: choices.pop()}
+        else:
+            chosen = {None: _cpu_choice(shape, row, device["cpu_flags"], block_size, kv_cache_dtype)}
+    else:
+        if device["capability"] is not None:
+            cc = _cc(device["capability"])
+            if cc not in CC_GRID:
+                fail("compute capability %s is not one the release table knows (%s): give block_size"
+                     % (cc, ", ".join(CC_GRID)))
+            ccs = [cc]
+        else:
+            ccs = CC_GRID
+        chosen = {cc: _cuda_choice(shape, row, cc, block_size, kv_cache_dtype) for cc in ccs}
+    refused = sorted((cc or device["type"], why) for cc, (name, why) in chosen.items() if name is None)
+    if refused and len(refused) == len(chosen):
+        fail("vLLM %s would not start %s on %s: %s" % (version, kind, ", ".join(c for c, _ in refused), refused[0][1]))
+    sizes = {block for name, block in chosen.values() if name is not None}
+    if refused or len(sizes) > 1:
+        outcomes = {}
+        for cc in CC_GRID:
+            if cc in chosen:
+                name, why = chosen[cc]
+                outcomes.setdefault(why if name is None else "block size %d" % why, []).append(cc)
+        fail("on CUDA, vLLM %s gives %s %s depending on the GPU: give compute_capability or block_size" % (
+            version, kind, "; ".join("%s on %s" % (what, ", ".join(ccs)) for what, ccs in outcomes.items())))
+    names = sorted({name for name, _ in chosen.values()})
+    first = {cc: _first_backend(shape, row, cc) for cc in chosen if cc is not None}
+    precluded = sorted({first[cc] for cc, (name, _) in chosen.items() if cc is not None and name != first[cc]})
+    return {"backend": " or ".join(names), "block_size": sizes.pop(), "precluded": precluded,
+            "kernel": _kernel(shape, row, device, names)}
+
+
+def _kernel(shape, row, device, names):
+    """The chosen backend's kernel sizes ({"sizes", "multiple_of"}), None when the GPU is unknown and backends
+    differ."""
+    if device["type"] == "cpu":
+        table = row["cpu"]
+        if not shape["mla"]:
+            return table["standard"]
+        candidates = [b for b in (table["mla"]["amx"], table["mla"]["no_amx"]) if b and b["backend"] in names]
+        return candidates[0] if candidates else None
+    return row["cuda"]["backends"][names[0]] if len(names) == 1 else None
+
+
+def kv_dtype_refusal(shape, version, device, block_size, kv_cache_dtype):
+    """Why vLLM would not start with this KV cache dtype on the device (None: it would), e.g. fp8_inc, which no
+    CUDA attention backend takes."""
+    try:
+        attention_backend(shape, version, device, block_size, kv_cache_dtype)
+    except AnsibleFilterError as exc:
+        return str(exc)
+    return None
+
+
+def _first_backend(shape, row, cc):
+    """vLLM's preferred backend on a GPU, whatever the block size and KV dtype."""
+    table = row["cuda"]
+    order = next(names for ccs, names in table["mla" if shape["mla"] else "standard"] if cc in ccs)
+    return next((name for name in order if cc in table["backends"][name]["runs_on"]), None)
 
 
 def _blocks(window, max_model_len, in_flight, block_size):
@@ -197,28 +325,43 @@ def stage_block_bytes(lay, stage):
     return lay["page"] * max(len(stage.intersection(layers)) for _, layers in lay["groups"])
 
 
-def stage_need(lay, stage, max_model_len):
-    """KV bytes one request at max_model_len needs on a stage's GPUs, as the startup check counts them."""
-    if lay["row"]["grouped_check"]:
+# What the allocator hands one request, whatever the startup check of the release sums: every KV-cache group's blocks
+# of the shared pool, padding included, with the pool's null block held back.
+REAL = "real"
+
+
+def stage_need(lay, stage, max_model_len, check=None):
+    """KV bytes one request at max_model_len needs on a stage's GPUs, as the release's startup check counts them
+    (check: the row's, or REAL)."""
+    check = check or lay["row"]["check"]
+    in_flight, block_size = lay["in_flight"], lay["kv_block"]
+    if check in ("groups", REAL):
         # Every group claims blocks from the shared pool, empty or padded ones included.
-        blocks = sum(_blocks(w, max_model_len, lay["in_flight"], lay["block_size"]) for w, _ in lay["groups"])
+        blocks = sum(_blocks(w, max_model_len, in_flight, block_size) for w, _ in lay["groups"])
         return stage_block_bytes(lay, stage) * blocks
-    return lay["page"] * sum(_blocks(lay["shape"]["windows"][i], max_model_len, lay["in_flight"], lay["block_size"])
-                             for i in stage)
+    if check == "layers":
+        return lay["page"] * sum(_blocks(lay["shape"]["windows"][i], max_model_len, in_flight, block_size)
+                                 for i in stage)
+    # first-group(-global): the first group's blocks times the largest group, on this stage or over the whole model
+    # (0.14-0.16 compared the whole model's need with one stage's memory, so pipeline stages did not shrink it).
+    layers = frozenset(range(lay["shape"]["layers"])) if check == "first-group-global" else stage
+    return stage_block_bytes(lay, layers) * _blocks(lay["groups"][0][0], max_model_len, in_flight, block_size)
 
 
-def check_memory(lay, stage, kv_cache_bytes):
-    """Available memory as the startup check sees it (after the null block in newer releases)."""
-    return kv_cache_bytes - (stage_block_bytes(lay, stage) if lay["row"]["null_block"] else 0)
+def check_memory(lay, stage, kv_cache_bytes, check=None):
+    """Available memory as the startup check sees it (after the null block in newer releases, and always for
+    REAL)."""
+    null = lay["row"]["null_block"] or check == REAL
+    return kv_cache_bytes - (stage_block_bytes(lay, stage) if null else 0)
 
 
-def _estimate(lay, stage, available, upper):
+def _estimate(lay, stage, available, upper, check=None):
     """vLLM's binary search for the largest length that fits, bounds included (0: not even 1 token)."""
     if available <= 0:
         return 0
 
     def fits(length):
-        return stage_need(lay, stage, length) <= available
+        return stage_need(lay, stage, length, check) <= available
 
     if not fits(1):
         return 0
@@ -249,15 +392,17 @@ def request_bytes(lay, max_model_len):
     return max(stage_need(lay, stage, max_model_len) for stage in lay["stages"])
 
 
-def fitting_max_len(lay, kv_cache_bytes, upper):
-    """Largest length every stage's startup check accepts (vLLM's estimate, bounded by upper)."""
-    return min(_estimate(lay, stage, check_memory(lay, stage, kv_cache_bytes), upper) for stage in lay["stages"])
+def fitting_max_len(lay, kv_cache_bytes, upper, check=None):
+    """Largest length every stage's startup check accepts (vLLM's estimate, bounded by upper); with REAL, the
+    largest one request really gets blocks for (a plan needs both: some releases check less than a request takes)."""
+    return min(_estimate(lay, stage, check_memory(lay, stage, kv_cache_bytes, check), upper, check)
+               for stage in lay["stages"])
 
 
 def kv_capacity(lay, kv_cache_bytes, max_model_len):
     """num_blocks, per-request blocks, KV tokens and concurrency as vLLM logs them."""
     num_blocks = min(kv_cache_bytes // stage_block_bytes(lay, stage) for stage in lay["stages"])
-    per_request = sum(_blocks(w, max_model_len, lay["in_flight"], lay["block_size"]) for w, _ in lay["groups"])
+    per_request = sum(_blocks(w, max_model_len, lay["in_flight"], lay["kv_block"]) for w, _ in lay["groups"])
     concurrency = num_blocks / per_request
     return {"num_blocks": num_blocks, "blocks_per_request": per_request,
             "tokens": int(concurrency * max_model_len), "concurrency": concurrency}

@@ -8,8 +8,8 @@ from . import calibration, inputs
 from .budget import choose_utilization, default_batch, memory_budget
 from .common import fail, gib
 from .flags import parse_serve_options
-from .kv import (KV_DTYPE_BYTES, check_message, checked_kv_dtype, fitting_max_len, kv_capacity, kv_layout,
-                 request_bytes, startup_check, tp_refusal)
+from .kv import (KV_DTYPE_BYTES, REAL, check_message, checked_kv_dtype, fitting_max_len, kv_capacity,
+                 kv_dtype_refusal, kv_layout, request_bytes, startup_check, tp_refusal)
 from .shape import model_shape
 from .versions import VERSIONS, resolve_version
 from .weights import gpu_weight_bytes, module_tensors, parse_quantization
@@ -33,9 +33,10 @@ def _attempt(ctx, tp, kv_dtype, seqs):
     if ctx["measured"] is not None and calibration.applies(ctx["measured"], {
             "first": tp == ctx["tp_start"] and kv_dtype == ctx["policy"]["kv_cache_dtype"],
             "fields": _key_fields(ctx, tp, kv_dtype)}):
-        budget, measured = calibration.measured_budget(budget, ctx["measured"], ctx["utilization"])
+        budget, measured = calibration.measured_budget(budget, ctx["measured"], ctx["utilization"], ctx["total_mib"],
+                                                       lay["row"])
     kv = budget["kv_cache_bytes"]
-    fit_len = fitting_max_len(lay, kv, ctx["target_len"])
+    fit_len = _fitting(lay, kv, ctx["target_len"])
     length = fit_len
     if fit_len < ctx["target_len"]:
         # Shrunk: stay a little below the longest that fits, on a round number.
@@ -52,6 +53,11 @@ def _attempt(ctx, tp, kv_dtype, seqs):
         # The null block is never handed out; the rest must hold the peak at p99 context.
         result["seqs_that_fit"] = (held["num_blocks"] - 1) // held["blocks_per_request"]
     return result
+
+
+def _fitting(lay, kv, upper):
+    """The longest max_model_len vLLM starts with and a request of that length really gets blocks for."""
+    return min(fitting_max_len(lay, kv, upper), fitting_max_len(lay, kv, upper, REAL))
 
 
 def _key_fields(ctx, tp, kv_dtype):
@@ -97,7 +103,8 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
     where = ("host %s: " % host) if host else ""
     name = policy["model"] or shape["name"]  # for messages; the model may have no name
     applied, warnings = [], []
-    gpu_name, gpu_count, usable, capability, gpu_warnings = inputs.gpu_group(gpus, policy["usable_memory_mib"])
+    gpu_name, gpu_count, usable, capability, gpu_warnings, total_mib = inputs.gpu_group(gpus,
+                                                                                        policy["usable_memory_mib"])
     warnings.extend(gpu_warnings)
 
     p99, peak = workload["p99_context"], workload["peak_concurrency"]
@@ -124,14 +131,23 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
         enforce_eager = policy["runtime_ooms"]
         if enforce_eager:
             applied.append("enforce_eager: CUDA graphs off after runtime OOMs (frees their memory)")
-    default_batched, default_seqs = default_batch(row, usable, gpu_name)
+    default_batched, default_seqs = default_batch(row, usable, gpu_name, capability)
     batched = policy["max_num_batched_tokens"] or default_batched
     seqs = peak or policy["max_num_seqs"] or default_seqs
     if batched < seqs:
         applied.append("max_num_batched_tokens raised to max_num_seqs %d (vLLM requires at least that)" % seqs)
         batched = seqs
     kv_dtype = checked_kv_dtype(version, policy["kv_cache_dtype"], "policy.kv_cache_dtype")
-    allow_fp8 = policy["allow_fp8_kv_cache"] and capability >= (8, 0)
+    device = {"type": "cuda", "capability": capability, "cpu_flags": None}
+    refusal = kv_dtype_refusal(shape, version, device, policy["block_size"], kv_dtype)
+    if refusal:
+        fail("%s%s: policy.kv_cache_dtype %s%s: %s" % (where, name, kv_dtype, "" if policy["block_size"] is None
+                                                       else " with policy.block_size %d" % policy["block_size"],
+                                                       refusal))
+    # The fallback to an fp8 KV cache where an attention backend of the release takes it on the GPU, and never below
+    # Ampere: Triton's fp8 conversions, the only backend listing fp8 there, are not built for older GPUs.
+    allow_fp8 = (policy["allow_fp8_kv_cache"] and capability >= (8, 0)
+                 and not kv_dtype_refusal(shape, version, device, policy["block_size"], "fp8"))
     tp_start, pp = policy["tensor_parallel_size"], policy["pipeline_parallel_size"]
     refusal = tp_refusal(shape, tp_start)
     if refusal:
@@ -140,6 +156,7 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
         fail("%s%s: tensor_parallel_size %d x pipeline_parallel_size %d needs %d GPUs, the group has %d (%s)"
              % (where, name, tp_start, pp, tp_start * pp, gpu_count, gpu_name))
     ctx = {"shape": shape, "name": name, "host": host, "gpu_name": gpu_name, "gpu_count": gpu_count,
+           "total_mib": total_mib,
            "applied": applied, "warnings": warnings, "version": version, "pp": pp,
            "block_size": policy["block_size"], "batched": batched,
            "usable": usable, "utilization": utilization, "enforce_eager": enforce_eager, "policy": policy,
@@ -147,7 +164,7 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
            "p99": p99, "peak": peak, "serve": serve, "tp_start": tp_start,
            "measured": calibration.measurement(policy["measured"]) if policy["measured"] else None,
            "loadtest": calibration.loadtest(policy["loadtest"]) if policy["loadtest"] else None,
-           "device": {"type": "cuda", "capability": capability, "cpu_flags": None},
+           "device": device,
            "min_seqs": policy["min_num_seqs"] or max(1, (peak or 0) // 2)}
 
     # Fallbacks in order: shorter max_model_len (inside _attempt), fp8 KV cache, fewer max_num_seqs,
@@ -257,11 +274,13 @@ def _plan(ctx, result, fits, tried):
     capacity = result.get("capacity") or {"tokens": 0, "concurrency": 0.0}
     plan = {
         "fits": fits, "reason": "", "vllm_version": ctx["version"], "host": ctx["host"], "model": _model_arg(ctx),
-        "gpus": {"name": ctx["gpu_name"], "count": ctx["gpu_count"], "used": tp * pp},
+        "gpus": {"name": ctx["gpu_name"], "count": ctx["gpu_count"], "used": tp * pp,
+                 "memory_total_mib": ctx["total_mib"]},
         "engine_args": engine_args, "env": env, "budget_per_gpu": budget,
         "block_size": lay["block_size"], "attention_backend": lay["attention"]["backend"],
         "kv_cache_tokens": capacity["tokens"],
         "concurrency_at_max_model_len": round(capacity["concurrency"], 2),
+        "concurrency_limit": _concurrency_limit(ctx, result, length),
         "kv_bytes_per_request": request_bytes(lay, length),
         "applied": applied, "warnings": warnings,
     }
@@ -284,6 +303,16 @@ def _plan(ctx, result, fits, tried):
     else:
         plan["reason"] = _misfit_reason(ctx, result, tried)
     return plan
+
+
+def _concurrency_limit(ctx, result, length):
+    """The most requests the instance serves at once without its KV cache running out at the workload's p99
+    context (else at max_model_len), and never more than max_num_seqs: the limit the balancer holds it to (vLLM would
+    queue the rest inside, or preempt and recompute them). At least 1."""
+    if result["max_model_len"] is None:
+        return 1
+    held = kv_capacity(result["lay"], result["budget"]["kv_cache_bytes"], ctx["p99"] or length)
+    return max(1, min(result["max_num_seqs"], (held["num_blocks"] - 1) // held["blocks_per_request"]))
 
 
 def _serve_warnings(ctx, budget, warnings):
@@ -354,7 +383,7 @@ def _quantization_hint(ctx, result):
                        weight_bytes=(0, "estimated"))
         smaller = gpu_weight_bytes(variant, lay["tp"], lay["pp"], bool(ctx["serve"].get("enable_expert_parallel")))
         kv = memory_budget(lay, ctx, result["max_num_seqs"], smaller)["kv_cache_bytes"]
-        if fitting_max_len(lay, kv, ctx["target_len"]) >= ctx["floor_len"]:
+        if _fitting(lay, kv, ctx["target_len"]) >= ctx["floor_len"]:
             held = kv_capacity(lay, kv, ctx["p99"] or ctx["floor_len"])
             if (held["num_blocks"] - 1) // held["blocks_per_request"] >= (ctx["peak"] or 1):
                 return ("suggestion: %s checkpoint of this model would fit (about %s of weights per GPU instead of %s)"

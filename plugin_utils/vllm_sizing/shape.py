@@ -148,13 +148,22 @@ def model_shape(model, dtype=None, online=None):
     return {
         "name": str(model.get("_name") or model.get("_name_or_path") or "the model"),
         "model_arg": model.get("_name") or model.get("_name_or_path"),
-        "model_type": model_type, "layers": layers, "heads": heads, "kv_heads": kv_heads,
+        "model_type": model_type, "architectures": _architectures(model, text, prefix),
+        "layers": layers, "heads": heads, "kv_heads": kv_heads,
         "head_size": head_size, "head_size_v": head_size_v, "mla": mla, "windows": tuple(windows),
         "hidden": hidden, "dims": dims, "vocab": dims["vocab"],
         "max_len": max_len, "rotary_positions": _rotary_positions(rope, model_type, max_len),
         "weight_bytes": (weights, how), "modules": modules, "quantized": quantized,
         "quantization": quant, "dtype_bytes": dtype_bytes,
     }
+
+
+def _architectures(model, text, prefix):
+    """config.json's architectures (which model class vLLM runs: some releases pick their model runner by it)."""
+    value = model.get("architectures") or text.get("architectures") or []
+    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        fail("%s.architectures must be a list of class names, got %r" % (prefix, value))
+    return tuple(value)
 
 
 def _generated_layer_types(get, layers):

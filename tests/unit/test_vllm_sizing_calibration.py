@@ -27,11 +27,10 @@ def cpu_report(name):
 
 @pytest.mark.parametrize("ident, estimate, calibrated, parts", ROWS, ids=[row[0] for row in ROWS])
 def test_a_measured_start_makes_the_next_plan_exact(ident, estimate, calibrated, parts):
-    """Never above what vLLM had by more than 0.5 %; within 2 % once the profiling line (activation, non-torch) was
-    printed (pipeline stages: the busiest one is budgeted), where the estimate alone is off by up to 5 %."""
-    assert calibrated <= 0.5
-    if "activation_peak_bytes" in parts and "non_torch_bytes" in parts:
-        assert abs(calibrated) <= 2.0 and abs(calibrated) <= abs(estimate) + 0.05
+    """Fed the lines vLLM prints at INFO level and the request of the plan that started (as the store records it), the
+    next plan of the same request gives vLLM's own KV figure, within 1 % (issue 24: 3 of 11 were off by -1.7 to
+    -12.8 % when only an exact requested-bytes match counted, which vLLM's rounding to 0.01 GiB prevents)."""
+    assert abs(calibrated) <= 1.0 and "kv_cache_bytes" in parts
 
 
 def test_cpu_build_kv_space_is_taken_as_measured():
@@ -236,3 +235,29 @@ def test_a_start_entry_is_not_a_load_test_entry():
         vs.vllm_sizing(A10G, QWEN3, WORKLOAD, dict(POLICY, loadtest=start))
     with pytest.raises(AnsibleFilterError, match=r"policy.loadtest must be a dict, got str"):
         vs.vllm_sizing(A10G, QWEN3, WORKLOAD, dict(POLICY, loadtest="kv-holds-4-of-8.json"))
+
+
+def test_parts_read_from_the_lines_newer_releases_print_at_info():
+    """0.27+ print weights and non-torch together ("consumed memory") and count the CUDA-graph estimate they took
+    within the peak activation; 0.20+ print the estimate as a utilization ("is equivalent to ... without CUDA graph
+    memory profiling"). Lines as vLLM 0.27.1's v1/worker/gpu_worker.py formats them."""
+    row = sz.versions.VERSIONS["0.27.1"]
+    prefix = "(Worker_TP0 pid=770) INFO 08-21 18:22:06 "
+    summary = (prefix + "[gpu_worker.py:789] Free memory on device (94.05/95.01 GiB) on startup. Desired GPU memory "
+               "utilization is (0.9, 85.51 GiB). Actual usage is 56.89 GiB for consumed memory (weights + non-torch), "
+               "0.76 GiB for peak activation, and 0.32 GiB for CUDAGraph memory. Replace gpu_memory_utilization config "
+               "with `--kv-cache-memory=29407858586` (27.39 GiB) to fit into requested memory, or "
+               "`--kv-cache-memory=38581581312` (35.93 GiB) to fully utilize gpu memory. Current kv cache memory in "
+               "use is 27.85 GiB.")
+    loading = prefix + "[gpu_model_runner.py:5405] Model loading took 55.19 GiB memory and 48.502592 seconds"
+    report = vllm_startup_report.vllm_startup_report("\n".join([loading, summary]))
+    parts = sz.calibration.measured_parts(report, row)
+    assert parts["non_torch_bytes"] == report["weights_plus_non_torch_bytes"] - report["model_loading_bytes"]
+    assert parts["cuda_graph_bytes"] == 0  # inside the 0.76 GiB of peak activation
+    equivalent = (prefix + "[gpu_worker.py:578] CUDA graph memory profiling is enabled (default since v0.21.0). The "
+                  "current --gpu-memory-utilization=0.9000 is equivalent to --gpu-memory-utilization=0.8950 without "
+                  "CUDA graph memory profiling. To maintain the same effective KV cache size as before, increase "
+                  "--gpu-memory-utilization to 0.9050. To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.")
+    report = vllm_startup_report.vllm_startup_report("\n".join([loading, equivalent, summary]))
+    parts = sz.calibration.measured_parts(report, row)
+    assert parts["cuda_graph_bytes"] == round(0.005 * report["total_memory_bytes"])

@@ -101,7 +101,8 @@ def test_version_rows_decide_whether_cuda_graphs_are_budgeted():
     assert old["budget_per_gpu"]["cuda_graph_bytes"] == 0  # captured after the KV cache, in the headroom
     assert 0.5 * GiB < new["budget_per_gpu"]["cuda_graph_bytes"] < 1.5 * GiB  # 0.19 estimated 0.84 GiB
     assert bench_budget.version_row("0.10.1.1") == "0.11.0" and bench_budget.version_row("0.19.0") == "0.19.0"
-    assert bench_budget.version_row("0.27.1") == "0.19.0"
+    assert bench_budget.version_row("0.27.1") == "0.27.1"
+    assert bench_budget.version_row("0.15.2rc1.dev93+g11a4c9d30") == "0.15.1"  # a pre-release: the one before
 
 
 L40S = [dict(gpu("NVIDIA L40S", 46068, "8.9"), index=i) for i in range(8)]
@@ -126,7 +127,8 @@ def test_expert_parallelism_holds_whole_experts():
 def test_expert_parallelism_and_the_pytorch_sampler_in_the_activation_peak():
     """The L40S start (vLLM 0.10.2, TP 8 with --enable-expert-parallel, no FlashInfer) printed a 1.4 GiB activation
     peak: the fused-MoE workspace runs whole experts (full intermediate width) and the PyTorch top-k/top-p sampler
-    holds 32 bytes a logit where FlashInfer's holds 16."""
+    (torch.sort, 0.11.1-0.16) holds 38 bytes a logit where FlashInfer's holds 16 (the budget stays on the safe side
+    of this start's 32: 38 is what Qwen3-14B's 5.64 GiB peak on 0.16 needed)."""
     base = {"gpu_memory_utilization": 0.9, "tensor_parallel_size": 8, "allow_tensor_parallel": False,
             "vllm_version": "0.11.0", "max_num_batched_tokens": 2048, "max_num_seqs": 256, "strict": False}
     model = vs.vllm_model(QWEN3_235B_FP8)
@@ -136,10 +138,10 @@ def test_expert_parallelism_and_the_pytorch_sampler_in_the_activation_peak():
         return plan["budget_per_gpu"]["activation_peak_bytes"]
 
     flash, native = activation(), activation(flashinfer_sampler=False)
-    assert native - flash == 256 * 151936 * (32 - 16)
+    assert native - flash == 256 * 151936 * (38 - 16)
     ep = activation(flashinfer_sampler=False, serve_options={"enable_expert_parallel": True})
     assert ep - native == 2048 * 8 * 2 * 3 * 1536 * 7 // 8  # gate/up, activation and down at full width
-    assert 1.40 * GiB < ep < 1.45 * GiB  # printed: 1.4 GiB
+    assert 1.40 * GiB < ep < 1.70 * GiB  # printed: 1.4 GiB
     with pytest.raises(AnsibleFilterError, match="policy.flashinfer_sampler must be true or false"):
         activation(flashinfer_sampler="no")
 

@@ -209,7 +209,8 @@ def test_plan_keys(a10g):
     plan = plan_for(a10g, workload={"p99_context": 4096, "peak_concurrency": 2}, host="a10-1")
     assert set(plan) == {"fits", "reason", "vllm_version", "host", "model", "gpus", "engine_args", "env",
                          "budget_per_gpu", "block_size", "attention_backend", "kv_cache_tokens",
-                         "concurrency_at_max_model_len", "kv_bytes_per_request", "applied", "warnings"}
+                         "concurrency_at_max_model_len", "concurrency_limit", "kv_bytes_per_request", "applied",
+                         "warnings"}
     assert set(plan["engine_args"]) == {"model", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
                                         "max_num_batched_tokens", "kv_cache_dtype", "tensor_parallel_size",
                                         "enforce_eager", "block_size"}
@@ -278,3 +279,25 @@ def test_catalog_returns_a_copy():
 def test_unknown_catalog_name_lists_known_names():
     with pytest.raises(AnsibleFilterError, match=r"unknown model 'Qwen/Qwen9'; known models: .*Qwen/Qwen3-8B"):
         vllm_model("Qwen/Qwen9")
+
+
+# --- Every release plans (issue 24: 4 of the 36 releases since 0.11.0 did) ------------------------------------------
+
+L4 = [gpu("NVIDIA L4", 23034, "8.9")]
+H100X2 = [dict(gpu("NVIDIA H100 80GB HBM3", 81559, "9.0"), index=i) for i in range(2)]
+
+
+@pytest.mark.parametrize("version", sorted(sz.versions.VERSIONS, key=sz.versions.version_key))
+def test_every_release_of_the_table_plans_and_renders(version):
+    """The issue's probe (Qwen3-8B on an L4) plus an MLA model at TP 2 and a sliding-window model, under every row:
+    each plans, and its command line renders with that release's spellings."""
+    from vllm_sizing import vllm_serve_args
+    for gpus, name, workload in ((L4, "Qwen/Qwen3-8B", {"p99_context": 8192, "peak_concurrency": 4}),
+                                 (H100X2, "deepseek-ai/DeepSeek-V2-Lite-Chat", {"p99_context": 16384}),
+                                 (L4, "google/gemma-2-2b-it", {"p99_context": 4096})):
+        plan = vllm_sizing(gpus, vllm_model(name), workload, {"vllm_version": version,
+                                                              "tensor_parallel_size": len(gpus)})
+        assert plan["fits"] and plan["vllm_version"] == version, (name, plan["reason"])
+        args = vllm_serve_args(plan)
+        assert "--block-size" in args and "--max-model-len" in args
+        assert 1 <= plan["concurrency_limit"] <= plan["engine_args"]["max_num_seqs"]

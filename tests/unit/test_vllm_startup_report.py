@@ -106,8 +106,8 @@ def test_corpus_matches_the_hand_read_numbers(path):
 def test_corpus_counts():
     """Every log of the corpus gives a report; what the README says it holds is read."""
     reports = [report_of(path)[1] for path in CORPUS]
-    assert len(reports) == 46
-    assert sum("available_kv_cache_bytes" in r for r in reports) == 44
+    assert len(reports) == 50
+    assert sum("available_kv_cache_bytes" in r for r in reports) == 48
     assert sum("needed_kv_bytes" in r for r in reports) == 2
 
 
@@ -214,6 +214,11 @@ WORDINGS = [
     ("0.32.0", "v1/worker/cpu_worker.py:252", "Auto set (%s/%s) GiB for KV cache on node %s, with %s GiB requested "
      "memory for the worker. %s GiB memory was consumed by non-kv usages.", ("18.7", "23.54", 0, "21.19", "2.49"),
      {"available_kv_cache_bytes": 18.7, "total_memory_bytes": 23.54, "requested_memory_bytes": 21.19}),
+    ("0.27.1", "v1/worker/gpu_worker.py:578", "CUDA graph memory profiling is enabled (default since v0.21.0). The "
+     "current --gpu-memory-utilization=%.4f is equivalent to --gpu-memory-utilization=%.4f without CUDA graph memory "
+     "profiling. To maintain the same effective KV cache size as before, increase --gpu-memory-utilization to %.4f. "
+     "To disable, set VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.", (0.9, 0.8947, 0.9053),
+     {"gpu_memory_utilization": 0.9, "cuda_graph_equivalent_utilization": 0.8947}),
     ("0.14.0", "entrypoints/openai/api_server.py:1272", "vLLM API server version %s", ("0.14.0",),
      {"vllm_version": "0.14.0"}),
     ("0.34.0", "entrypoints/common/startup.py:18", "vLLM server version %s, serving model %s", ("0.34.0", "m"),

@@ -166,6 +166,11 @@ _rule(r"Maximum concurrency for ([\d,]+) tokens per request: " + _N + r"x$",
 # capture (gpu_model_runner.py:3480 in 0.11.0, :6047 in 0.19.0, :6582 in 0.32.0; v1/worker/gpu/model_runner.py:1217
 # in 0.34.0) and the pool (v1/worker/gpu_worker.py:598 in 0.19.0, :972 in 0.32.0, :1113 in 0.34.0).
 _rule(r"Estimated CUDA graph memory: " + _N + r" GiB total$", "cuda_graph_estimated_bytes")
+# The CUDA-graph estimate as a share of the GPU (INFO, v1/worker/gpu_worker.py:459 in 0.19.0 with the estimate on,
+# :571 in 0.27.1, :795 in 0.32.0): the utilization that leaves the same KV cache without it.
+_rule(r"CUDA graph memory profiling is enabled \([^)]*\)\. The current --gpu-memory-utilization=" + _N
+      + r" is equivalent to --gpu-memory-utilization=" + _N + r" without CUDA graph memory profiling",
+      ("gpu_memory_utilization", 3), "cuda_graph_equivalent_utilization")
 _rule(r"Graph capturing finished in " + _N + r" secs, took " + _N + r" GiB$",
       "cuda_graph_capture_seconds", "cuda_graph_bytes")
 _rule(r"CUDA graph pool memory: " + _N + r" GiB \(actual\), " + _N + r" GiB \(estimated\)",
@@ -211,7 +216,8 @@ _rule(EXCEPTION_PREFIX + KV_REFUSAL)
 # How the numbers of several lines and ranks become one value each.
 _RANK_KEYS = ("model_loading_bytes", "weights_plus_non_torch_bytes", "activation_peak_bytes", "non_torch_bytes",
               "cuda_graph_bytes", "cuda_graph_estimated_bytes", "available_kv_cache_bytes", "requested_memory_bytes",
-              "total_memory_bytes", "free_memory_at_start_bytes", "gpu_memory_utilization")
+              "total_memory_bytes", "free_memory_at_start_bytes", "gpu_memory_utilization",
+              "cuda_graph_equivalent_utilization")
 _POOL_KEYS = ("kv_cache_tokens", "max_concurrency")
 _TAGGED_SECONDS = ("torch_compile_seconds", "profiling_run_seconds")
 _CONTINUATION_LINES = 3
