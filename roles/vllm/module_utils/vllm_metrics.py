@@ -19,8 +19,47 @@ ACTIVE = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 PROGRESS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:iteration_tokens_total_count")
 PRESSURE = ("vllm:kv_cache_usage_perc", "vllm:num_preemptions_total")
 
-# name{labels} value [timestamp]; label values may hold "}" inside quotes, so the labels run to the last "} ".
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{.*\})?\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$")
+# name, then labels in braces (values are quoted and may hold "}", "," and escaped quotes), then the value and an
+# optional timestamp.
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,?)')
+_VALUE = re.compile(r"\s+(\S+)(?:\s+-?\d+)?\s*$")
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+def samples(text):
+    """(name, {label: value}, float value) of every sample of a Prometheus text exposition, in order: the one reader
+    of that format (vLLM's /metrics, node exporter's textfiles). Comments, malformed lines and NaN are skipped."""
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = _NAME.match(line)
+        if not name:
+            continue
+        rest, labels = line[name.end():], {}
+        if rest.startswith("{"):
+            rest = rest[1:]
+            while True:
+                label = _LABEL.match(rest)
+                if not label:
+                    break
+                labels[label.group(1)] = re.sub(r'\\[\\"n]', lambda m: _ESCAPES[m.group(0)], label.group(2))
+                rest = rest[label.end():]
+                if not label.group(3):
+                    break
+            rest = rest.lstrip()
+            if not rest.startswith("}"):
+                continue
+            rest = rest[1:]
+        value = _VALUE.match(rest)
+        if not value:
+            continue
+        try:
+            number = float(value.group(1))
+        except ValueError:
+            continue
+        if number == number:  # not NaN
+            yield name.group(0), labels, number
 
 
 def parse_metrics(text, names=ACTIVE + PROGRESS + PRESSURE):
@@ -30,27 +69,12 @@ def parse_metrics(text, names=ACTIVE + PROGRESS + PRESSURE):
     """
     found = {}
     wanted = set(names)
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match or match.group("name") not in wanted:
-            continue
-        try:
-            value = float(match.group("value"))
-        except ValueError:
-            continue
-        if value != value:  # NaN
-            continue
-        found[match.group("name")] = found.get(match.group("name"), 0.0) + value
+    for name, _labels, value in samples(text):
+        if name in wanted:
+            found[name] = found.get(name, 0.0) + value
     return found
 
 
 def metric_labels(text, name):
     """The labels of a metric's first sample ({} when absent), e.g. vllm:cache_config_info's num_gpu_blocks."""
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group("name") == name:
-            labels = line[len(name):].split("}", 1)[0] if line[len(name):].startswith("{") else ""
-            return dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels))
-    return {}
+    return next((labels for sample, labels, _value in samples(text) if sample == name), {})
