@@ -69,6 +69,15 @@ def test_every_setting_that_could_carry_configuration_is_refused_naming_it(tmp_p
         assert re.search(r"\b%s(\[0\])? " % name, message), "%s not named in: %s" % (name, message[-3000:])
 
 
+def test_the_rendered_configuration_keeps_one_setting_a_line(tmp_path):
+    """A loop's end tag swallowed the newline after retry-on, gluing "option redispatch" to it (haproxy -c refuses)."""
+    render(tmp_path, {"gpu-a": {}})
+    lines = (tmp_path / "haproxy.cfg").read_text().splitlines()
+    retry = [line.strip() for line in lines if line.strip().startswith("retry-on ")]
+    assert retry == ["retry-on conn-failure empty-response response-timeout 500 502 503 504"]
+    assert any(line.strip() == "option redispatch 1" for line in lines)
+
+
 def test_template_writes_every_value_through_the_renderer():
     """Each {{ }} of haproxy.cfg.j2 is piped through haproxy_word (with a kind) or int, but ansible_managed: a new
     setting written raw fails here."""
@@ -76,5 +85,5 @@ def test_template_writes_every_value_through_the_renderer():
     with open(path) as handle:
         expressions = re.findall(r"{{(.*?)}}", handle.read())
     raw = [e.strip() for e in expressions if e.strip() != "ansible_managed"
-           and not re.search(r"\|\s*(haproxy_word\(|int\b)", e) and e.strip() not in ("' ' if not loop.last",)]
+           and not re.search(r"\|\s*(haproxy_word\(|int\b|map\('haproxy_word')", e)]
     assert raw == []
