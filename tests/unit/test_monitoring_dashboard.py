@@ -25,6 +25,8 @@ EXPORTED = {
     "vllm_fleet_runtime_oom_total": "vllm-oom-counter",
     # The vllm role's files/vllm-watchdog, through node exporter's textfile collector.
     "vllm_fleet_watchdog_wedged": "vllm-watchdog",
+    "vllm_fleet_valve_maxconn": "vllm-watchdog",
+    "vllm_fleet_valve_plan_maxconn": "vllm-watchdog",
     # HAProxy 2.6 `http-request use-service prometheus-exporter`.
     "haproxy_server_status": "HAProxy",
     # Prometheus itself, per target.

@@ -251,3 +251,75 @@ def test_no_textfile_configured_writes_nothing(tmp_path):
     dog = wedged_dog("")
     dog.write_textfile(dog.state())
     assert not list(tmp_path.iterdir())
+
+
+# --- The valve: the concurrency the balancers hold an instance to (HAProxy maxconn through the agent) -------------
+
+VALVE = {"enabled": True, "factor": 0.5, "cooldown": 10, "calm": 60, "step": 0.25, "preemptions": 1, "kv_full": 0.95}
+
+
+def pressure(preemptions=0.0, usage=0.2, waiting=0.0):
+    return {"vllm:num_preemptions_total": preemptions, "vllm:kv_cache_usage_perc": usage,
+            "vllm:num_requests_waiting": waiting}
+
+
+def test_the_valve_halves_under_pressure_and_comes_back_step_by_step_to_the_plan():
+    valve = watchdog.Valve(VALVE)
+    valve.start(8, T0)
+    valve.observe(T0 + 1, pressure(), 0)
+    assert valve.maxconn() == 8 and valve.events == []
+    valve.observe(T0 + 2, pressure(preemptions=3), 0)  # preemptions rose: halved at once
+    assert valve.maxconn() == 4 and "limit 8 -> 4: 3 preemptions" in valve.events[-1]
+    valve.observe(T0 + 5, pressure(preemptions=5), 0)  # within the cooldown: not again
+    assert valve.maxconn() == 4
+    valve.observe(T0 + 15, pressure(preemptions=5, usage=0.97, waiting=2), 0)  # KV full with a queue
+    assert valve.maxconn() == 2 and "KV cache 97% full with 2 waiting" in valve.events[-1]
+    valve.observe(T0 + 30, pressure(preemptions=5), 1)  # vllm-oom-counter counted one
+    assert valve.maxconn() == 1 and "1 runtime OOM" in valve.events[-1]
+    valve.observe(T0 + 45, pressure(preemptions=9), 1)
+    assert valve.maxconn() == 1  # never below 1
+    valve.observe(T0 + 100, pressure(preemptions=9), 1)  # calm for 55 s: not yet
+    assert valve.maxconn() == 1
+    steps = []
+    for minute in range(2, 8):
+        valve.observe(T0 + 45 + 60 * minute, pressure(preemptions=9), 1)
+        steps.append(valve.maxconn())
+    assert steps == [3, 5, 7, 8, 8, 8]  # +2 (a quarter of the plan) a calm minute, never above the plan
+    assert "calm for" in valve.events[-1]
+
+
+def test_a_restart_starts_again_from_the_plan_and_the_operator_caps_it():
+    valve = watchdog.Valve(VALVE)
+    valve.start(8, T0)
+    valve.observe(T0 + 1, pressure(), 0)
+    valve.observe(T0 + 2, pressure(preemptions=2), 0)
+    assert valve.maxconn() == 4
+    valve.start(8, T0 + 3)  # a new MainPID
+    assert valve.maxconn() == 8 and "back to the plan's 8" in valve.events[-1]
+    valve.manual = 3
+    assert valve.maxconn() == 3
+    valve.start(None, T0 + 4)  # no plan file: no limit of its own, the operator's still holds
+    assert valve.maxconn() == 3
+    valve.manual = None
+    assert valve.maxconn() is None
+
+
+def test_the_agent_says_maxconn_in_every_reply_before_the_description():
+    judge_ = judge()
+    assert judge_.agent_reply(4) == "up maxconn:4\n" and judge_.agent_reply() == "up\n"
+    judge_.verdict, judge_.evidence = "down", "no progress"
+    assert judge_.agent_reply(4) == "down maxconn:4 #wedged: no progress\n"
+
+
+def test_the_valve_reads_the_plan_the_oom_counter_and_the_operators_limits(tmp_path):
+    plan = tmp_path / "main.plan.json"
+    plan.write_text('{"concurrency_limit": 6, "engine_args": {}}')
+    assert watchdog.plan_limit(str(plan)) == 6 and watchdog.plan_limit(str(tmp_path / "none.json")) is None
+    # vllm-oom-counter's textfile, as its render writes it (tests/unit/test_vllm_oom_counter.py).
+    text = ('# TYPE vllm_fleet_runtime_oom_total counter\nvllm_fleet_runtime_oom_total{name="vllm@main.service"} 2\n'
+            'vllm_fleet_runtime_oom_total{name="vllm@side.service"} 0\n')
+    assert watchdog.runtime_ooms(text, "main") == 2 and watchdog.runtime_ooms(text, "other") is None
+    limits = tmp_path / "limits.json"
+    limits.write_text('{"main": 2, "side": "x", "other": 0}')
+    assert watchdog.manual_limits(str(limits)) == {"main": 2}
+    assert watchdog.manual_limits(str(tmp_path / "absent.json")) == {}
