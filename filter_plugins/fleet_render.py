@@ -146,6 +146,12 @@ def _problem(name, value, kind):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
             return "%s must be a port number from 1 to 65535, got %r" % (name, value)
         return None
+    if kind == "count":
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return "%s must be a whole number of at least 1, got %r" % (name, value)
+        return None
     if kind == "secret":
         if value is None or value == "":
             return None
@@ -170,7 +176,7 @@ def _problem(name, value, kind):
     elif kind in RULES:
         pattern, what = RULES[kind]
     else:
-        raise AnsibleFilterError("fleet_invalid: unknown kind %r for %s (known: port, secret, text, %s, %s)" % (
+        raise AnsibleFilterError("fleet_invalid: unknown kind %r for %s (known: port, count, secret, text, %s, %s)" % (
             kind, name, ", ".join(RULES), ", ".join("haproxy_" + k for k in HAPROXY)))
     if _control(text) or not pattern.match(text) or (kind == "path" and "/../" in text + "/"):
         return "%s must be %s, got %r" % (name, what, text)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo: the main job on a local fleet. Bring up HAProxy + three vLLM hosts (systemd containers, real vLLM CPU
-# build) with playbooks/site.yml, show the plan, load-test one host against it, roll the fleet under load beside the
-# naive restart loop, then apply a configuration vLLM refuses both ways, restore the fleet and summarise.
+# build) with playbooks/site.yml, show the plan, load-test one host against it, overload the fleet through HAProxy
+# (each server held to its plan), roll the fleet under load beside the naive restart loop, then apply a configuration
+# vLLM refuses both ways, restore the fleet and summarise.
 # The fleet stays up afterwards for playing with (`make clean` removes it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,14 +15,14 @@ mkdir -p "$out"
 # What each start measured (the calibration store): site.yml records it, plan.yml plans with it.
 export VLLM_FLEET_CALIBRATION_DIR=$PWD/$out/calibration
 
-log "1/6 deploying the fleet with playbooks/site.yml (Molecule creates the hosts; about 5 minutes the first time)"
+log "1/7 deploying the fleet with playbooks/site.yml (Molecule creates the hosts; about 5 minutes the first time)"
 molecule converge -s fleet > "$out/site.log" 2>&1 || { tail -50 "$out/site.log"; die "site.yml failed: $out/site.log"; }
 
-log "2/6 the plan each host runs (playbooks/plan.yml)"
+log "2/7 the plan each host runs (playbooks/plan.yml)"
 ansible-playbook -i "$inventory" playbooks/plan.yml -e plan_out="$PWD/$out/plan.json" \
   | sed -n '/"msg": \[/,/^[^"]*\]/p' | sed -n 's/^[^"]*"\(.*\)",\{0,1\}[^"]*$/  \1/p' | grep -v '^  msg$'  # the table rows
 
-log "3/6 load test of vllm-3 against its plan, out of rotation (playbooks/loadtest.yml)"
+log "3/7 load test of vllm-3 against its plan, out of rotation (playbooks/loadtest.yml)"
 # Small scale, as in the fleet tests: 16 generated tokens per request, concurrency 4 then 8 (the plan's
 # max_num_seqs) at the workload's p99 context. Latency bounds are relaxed: every host shares two CPU cores.
 loadtest_rc=0
@@ -32,6 +33,20 @@ ansible-playbook -i "$inventory" playbooks/loadtest.yml -e target=vllm-3 -e vllm
 lt=$out/loadtest/vllm-3-main.json
 [ -f "$lt" ] || { tail -30 "$out/loadtest.log"; die "the load test wrote no report: $out/loadtest.log"; }
 cp "$lt" "$out/loadtest-vllm-3.json"; cp "${lt%.json}.png" "$out/loadtest-vllm-3.png"
+
+log "4/7 five times the fleet's planned concurrency through HAProxy: each server held to its plan (maxconn)"
+# Each server's maxconn is its plan's concurrency_limit, said by its vllm-watchdog's agent; HAProxy queues the rest
+# for the first free slot and answers 503 (Retry-After) to what waited longer than timeout queue. Its counters are
+# cleared first, so each server's most sessions at once (smax) is this run's.
+ansible -i "$inventory" balancer-1 -m ansible.builtin.shell -a "echo 'clear counters' | socat stdio /run/haproxy/admin.sock" \
+  > /dev/null
+slots=$(python -c 'import json,sys; print(sum(p["concurrency_limit"] for i in json.load(open(sys.argv[1])).values()
+                                            for p in (i or {}).values()))' "$out/plan.json")
+LOADGEN_API_KEY="$key" python tools/loadgen.py http://127.0.0.1:18080/v1/completions --model tiny-llama \
+  --clients $((5 * slots)) --streaming-clients 0 --max-tokens 32 --extra-body '{"ignore_eos": true}' --duration 20 \
+  --report "$out/overload-load.json" --events "$out/overload-load.jsonl" 2> "$out/overload-load.log" || true
+ansible-playbook -i "$inventory" playbooks/balancer_status.yml -e status_out="$PWD/$out/overload-status.json" \
+  > "$out/overload-status.log" 2>&1 || log "   balancer_status.yml failed: $out/overload-status.log"
 
 # The same load around a command: 2 clients (1 streaming) through HAProxy on 127.0.0.1:18080. Light on purpose:
 # the CPU build's workers busy-poll for 1 s after every step and starve a restarting host on two cores (see Load in
@@ -49,7 +64,7 @@ under_load() {
   return "$rc"
 }
 
-log "4/6 rolling restart under load (playbooks/rolling_restart.yml), then the naive pattern under the same load"
+log "5/7 rolling restart under load (playbooks/rolling_restart.yml), then the naive pattern under the same load"
 roll_rc=0
 under_load roll ansible-playbook -i "$inventory" playbooks/rolling_restart.yml || roll_rc=$?
 keep_roll_report() {  # the newest roll's report (run directories are named after their start time)
@@ -72,7 +87,7 @@ host_event() {  # <file> <host> <state>
 }
 under_load naive naive_restart || log "the naive restart failed: $out/naive.log"
 
-log "5/6 a configuration vLLM refuses at start, applied by the roll and by the naive loop, under the same load"
+log "6/7 a configuration vLLM refuses at start, applied by the roll and by the naive loop, under the same load"
 # A 64k context of tiny-llama-long: it fits the stand-in A10G, so the plan passes preflight, but not the CPU build's
 # 1 GiB of KV, so vLLM refuses at start (the mistake sizing cannot see on a machine it does not model). A start limit
 # of 1 makes each refusal final after one start (~100 s here) instead of three.
@@ -119,7 +134,7 @@ for _ in $(seq 30); do  # HAProxy's health checks see the servers UP within seco
   sleep 2
 done
 
-log "6/6 summary"
+log "7/7 summary"
 python tools/timeline.py --requests "$out/roll-load.jsonl" --hosts "$out/rolling-restart.json" --out "$out/timeline.png" \
   --title "vllm-fleet demo: rolling restart of 3 vLLM hosts under load" >/dev/null
 python tools/timeline.py --requests "$out/naive-load.jsonl" --hosts "$out/naive-hosts.jsonl" --out "$out/timeline-naive.png" \
@@ -160,6 +175,19 @@ for st in lt["stages"]:
 for b in v["broken"]:
     print(f"  broken: {b['limit']}: {b['message']}")
 print(f"  picture: {out}/loadtest-vllm-3.png")
+over, status = load("overload-load.json"), load("overload-status.json")
+records = [json.loads(line) for line in open(f"{out}/overload-load.jsonl")]
+times = sorted(r["end"] - r["start"] for r in records if r["ok"])
+refused = [r["end"] - r["start"] for r in records if r.get("status") == 503]
+others = [r for r in records if not r["ok"] and r.get("status") != 503]
+print(f"\nOverload through HAProxy ({over['clients']} clients, no pause, 20 s; each server held to its plan's"
+      f" concurrency by its watchdog's agent):")
+for s in sorted(status["balancer_status"]["balancer-1"], key=lambda s: s["name"]):
+    print(f"  {s['name']:14} maxconn {s['slim']:>3}, most at once {s['smax']:>3}")
+queue = status["balancer_queues"]["balancer-1"][0]
+print(f"  {len(records)} sent, {len(times)} served (p99 {times[int(0.99 * (len(times) - 1))]:.1f} s),"
+      f" {len(refused)} answered 503 after at most {max(refused, default=0):.1f} s, {len(others)} other failures;"
+      f" HAProxy queued at most {queue['qmax']} at once")
 print(f"\nRolling restart: {roll['outcome']} (playbook exit {roll_rc})")
 print(f"  {'host':8} {'drain':>7} {'stop':>7} {'start->ready':>13} {'vLLM own':>9} {'enable':>7} {'total':>7} {'overhead':>9}")
 for host, r in sorted(roll["hosts"].items()):

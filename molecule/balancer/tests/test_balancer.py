@@ -6,6 +6,7 @@ The tests run in file order: each leaves every server UP for the next one, unles
 import csv
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -271,7 +272,8 @@ def test_a_new_instance_joins_in_maint_until_enabled():
     new = "backend-2-extra"
     with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as extra:
         extra.write("all:\n  children:\n    vllm:\n      hosts:\n        backend-2:\n          vllm_instances:\n"
-                    "            - {name: main, port: 8000}\n            - {name: extra, port: 8001}\n")
+                    "            - {name: main, port: 8000, gpus: [0]}\n"
+                    "            - {name: extra, port: 8001, gpus: [0]}\n")
     try:
         proc = playbook("molecule/balancer/converge.yml", "-i", extra.name, "-e", "balancer_new_servers_state=maint")
         ok(proc)
@@ -304,3 +306,143 @@ def test_a_balancer_that_does_not_answer_stops_a_drain_before_any_change(tmp_pat
     assert "Nothing was changed for backend-1" in proc.stdout
     assert servers()[B1]["admin"] == "ready" and status(B1) == "UP"
     assert "backend-1" in " ".join(served_by(20))
+
+
+# --- The live lever: each server held to its plan, the rest queued, 503 beyond the queue (issue 25) ---------------
+
+LIMITS = {B1: 2, B2: 3}  # the plans' concurrency_limit (converge.yml)
+
+
+def peak(backend, reset=False):
+    """The stand-in's completions in progress, the most at once and the count since the last reset."""
+    out = sh(backend, "curl -s http://127.0.0.1:8000/peak" + ("?reset" if reset else "")).stdout
+    return json.loads(out)
+
+
+def backend_stats():
+    """The vllm backend's own `show stat` row (qcur: requests waiting for a slot, hrsp_5xx)."""
+    return next(r for r in csv.DictReader(lb("show stat").lstrip("# ").splitlines())
+                if r["pxname"] == "vllm" and r["svname"] == "BACKEND")
+
+
+def timed(extra, timeout=60):
+    """(HTTP status, seconds, Retry-After, body) of one completion through the balancer."""
+    body = json.dumps({"model": "standin", "prompt": "hi", "max_tokens": 4, **extra}).encode()
+    req = urllib.request.Request(URL, data=body, headers={"Content-Type": "application/json"})
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, time.monotonic() - started, None, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, time.monotonic() - started, exc.headers.get("Retry-After"), exc.read().decode()
+    except (urllib.error.URLError, OSError) as exc:
+        return None, time.monotonic() - started, None, str(exc)
+
+
+def at_once(count, extra):
+    results, threads = [], [threading.Thread(target=lambda: results.append(timed(extra))) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads, results
+
+
+def test_each_server_is_held_to_its_plan_and_the_rest_waits_in_the_queue():
+    cfg = sh(LB, "cat /etc/haproxy/haproxy.cfg").stdout
+    for server, limit in LIMITS.items():
+        line = next(line for line in cfg.splitlines() if line.strip().startswith("server %s " % server))
+        assert " maxconn %d" % limit in line, line
+    assert all(servers()[s]["slim"] == str(limit) for s, limit in LIMITS.items())
+    for backend in ("backend-1", "backend-2"):
+        peak(backend, reset=True)
+    threads, results = at_once(12, {"standin_sleep": 2})
+    queued = wait_until(lambda: int(backend_stats()["qcur"] or 0), 10, interval=0.2, what="requests queued")
+    for thread in threads:
+        thread.join(60)
+    seen = {backend: peak(backend) for backend in ("backend-1", "backend-2")}
+    # 5 slots for 12 requests of 2 s: nobody waited past the queue's timeout, no server held more than its plan.
+    assert [r[0] for r in results] == [200] * 12, results
+    assert seen["backend-1"]["peak"] <= 2 and seen["backend-2"]["peak"] <= 3, seen
+    assert queued >= 1 and seen["backend-1"]["requests"] + seen["backend-2"]["requests"] == 12
+    print("12 requests of 2 s on 2 + 3 slots: %d queued at once, peaks %d and %d, slowest %.1f s"
+          % (queued, seen["backend-1"]["peak"], seen["backend-2"]["peak"], max(r[1] for r in results)))
+
+
+def test_beyond_the_queue_timeout_requests_get_503_with_retry_after_at_once():
+    threads, results = at_once(8, {"standin_sleep": 13})  # 5 run for 13 s, 3 wait longer than timeout queue (10 s)
+    for thread in threads:
+        thread.join(60)
+    served = [r for r in results if r[0] == 200]
+    refused = [r for r in results if r[0] == 503]
+    assert len(served) == 5 and len(refused) == 3, results
+    for status_, seconds, retry_after, body in refused:
+        assert retry_after == "5" and 9 < seconds < 12.5, (seconds, retry_after)
+        assert json.loads(body)["error"]["message"].startswith("the vLLM fleet is at capacity or restarting")
+    assert int(backend_stats()["hrsp_5xx"]) >= 3
+    print("8 requests of 13 s on 5 slots: 5 served, 3 answered 503 after %.1f-%.1f s (Retry-After 5)"
+          % (min(r[1] for r in refused), max(r[1] for r in refused)))
+
+
+def test_a_queued_request_is_retried_elsewhere_when_its_server_goes_down():
+    """Requests running on backend-1 and queued for a slot when its server dies: the running ones are retried on
+    backend-2 (retry-on, buffered body), the queued ones wait for backend-2's slots: none is lost. observe layer4
+    marks backend-1 DOWN at its first refused connection, else leastconn sends the retries back to it (fewest
+    sessions) and they end in 503 (seen on HAProxy 2.6 without it)."""
+    threads, results = at_once(9, {"standin_sleep": 2})
+    time.sleep(0.5)
+    standin("backend-1", "stop")
+    try:
+        for thread in threads:
+            thread.join(60)
+        assert status(B1) == "DOWN"
+    finally:
+        standin("backend-1", "start")
+    codes = [r[0] for r in results]
+    print("9 requests, 5 running and 4 queued when backend-1 stopped: %d served, failed: %s"
+          % (codes.count(200), [c for c in codes if c != 200]))
+    assert codes == [200] * 9, results
+    wait_status(B1, "UP")
+
+
+def test_the_door_refuses_more_max_tokens_and_larger_bodies_than_the_fleet_takes():
+    before = sum(peak(b)["requests"] for b in ("backend-1", "backend-2"))
+    code, _, _, body = timed({"max_tokens": 5000})
+    assert code == 400 and "max_tokens above the limit of this fleet (4096)" in body
+    code, _, _, body = timed({"prompt": "x" * 70000})
+    assert code == 400 and "request body above the limit of this fleet (65536 bytes)" in body
+    assert sum(peak(b)["requests"] for b in ("backend-1", "backend-2")) == before  # no server saw them
+    assert timed({"max_tokens": 4096})[0] == 200
+
+
+def test_the_agent_sets_maxconn_and_it_stays_until_the_agent_says_another():
+    """What vllm-watchdog's valve relies on: "maxconn:N" in an agent answer sets the server's maxconn on HAProxy
+    2.6, an answer without it leaves it, and a later one replaces it (a manual `set maxconn` too)."""
+    def slim():
+        return servers()[B2]["slim"]
+    try:
+        for answer, expected in (("up maxconn:1", "1"), ("up", "1"), ("up maxconn:3", "3")):
+            sh("backend-2", "echo %s > /run/standin-agent-reply" % shlex.quote(answer))
+            wait_until(lambda: slim() == expected, 10, interval=0.2, what="maxconn %s after %r" % (expected, answer))
+        lb("set maxconn server vllm/%s 1" % B2)
+        wait_until(lambda: slim() == "3", 10, interval=0.2, what="the agent's maxconn back")
+    finally:
+        sh("backend-2", "rm -f /run/standin-agent-reply")
+
+
+def test_the_manual_lever_round_trips_and_status_shows_limits_and_queue(tmp_path):
+    """playbooks/server_limit.yml on a host without a watchdog: the ceiling in its limits file and in every
+    balancer at once; a share of the plan; back to the plan; a value that is not one refused naming the host."""
+    limits = "/var/lib/vllm-fleet/server-limits.json"
+    for value, expected, written in (("1", "1", {"main": 1}), ("50%", "1", {"main": 1}), ("plan", "2", {})):
+        ok(playbook("playbooks/server_limit.yml", "-e", "target=backend-1", "-e", "maxconn=" + value))
+        assert servers()[B1]["slim"] == expected, value
+        assert json.loads(sh("backend-1", "cat " + limits).stdout) == written
+    proc = playbook("playbooks/server_limit.yml", "-e", "target=backend-1", "-e", "maxconn=0")
+    assert proc.returncode != 0 and "backend-1: maxconn must be a number from 1" in proc.stdout
+    out = tmp_path / "status.json"
+    proc, _ = run("status", "backend-1", "-e", "status_out=%s" % out)
+    ok(proc)
+    result = json.loads(out.read_text())
+    rows = {s["name"]: s for s in result["balancer_status"][LB]}
+    assert rows[B1]["slim"] == 2 and rows[B2]["slim"] == 3
+    assert result["balancer_queues"][LB][0]["backend"] == "vllm" and result["balancer_queues"][LB][0]["hrsp_5xx"] >= 3
+    assert "waiting for a slot" in proc.stdout and "backend-1-main UP 0/2" in proc.stdout

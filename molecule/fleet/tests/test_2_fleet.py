@@ -1,16 +1,20 @@
 """Restart without downtime, proven with traffic through HAProxy (127.0.0.1:18080) on real vLLM hosts, and each
 restart policy of the vllm unit doing what it claims. Runs after test_1_deployed; each test leaves every server UP
 for the next one (pytest runs them in file order)."""
+import collections
+import csv
 import glob
 import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 
-from fleet import INVENTORY, PROJECT, Load, http, playbook, sh, unit_props, wait_until
+from fleet import API_KEY, INVENTORY, PROJECT, Load, http, playbook, sh, unit_props, wait_until
 
 VLLM_HOSTS = ["vllm-1", "vllm-2", "vllm-3"]
 UNIT = "vllm@main.service"
@@ -347,9 +351,96 @@ def test_6c_loadtest_fails_a_plan_whose_kv_cache_cannot_hold_max_num_seqs():
         assert report["fix_plan"]["fits"] and report["fix_plan"]["engine_args"]["max_num_seqs"] == held
         assert os.path.getsize(png) > 0
         assert server_states()["vllm-3-main"] == "MAINT"
+        PINNED["vllm-3"] = small  # test_6d uses this start, then restores the host
     finally:
-        roll = restore_host("vllm-3", small)
+        if "vllm-3" not in PINNED:
+            roll = restore_host("vllm-3", small)
+            assert roll.returncode == 0, roll.stdout[-3000:]
+
+
+PINNED = {}
+# 6 clients of requests longer than vllm-3's p99 context of 1024: 700 prompt tokens and 700 generated (ignore_eos),
+# 11 blocks of 128 each: 4 of them (the plan's concurrency_limit at 1024 tokens, 8 blocks) need 44 of its 40 blocks
+# as they grow, so vLLM preempts; 2 need 22.
+LONG = {"clients": 6, "prompt": "word " * 700, "max_tokens": "700", "extra_body": {"ignore_eos": True}}
+
+
+def test_6d_the_valve_eases_a_server_under_real_pressure_and_brings_it_back(tmp_path):
+    """vllm-3 still runs 6c's plan (KV cache pinned to 40 blocks; concurrency_limit 4 at the p99 context of 1024),
+    alone in rotation. Requests longer than that context make vLLM preempt; its watchdog halves the limit in every
+    balancer within a few agent intervals while it keeps serving, preemptions stop, and after the calm period
+    (vllm_valve_calm 20 s, group_vars) it is back at its plan. vLLM's runtime OOM lines in the unit's journal (what
+    vllm-oom-counter reads) ease it too; the manual lever round-trips through the watchdog; the roll that restores
+    the host starts it again from its (new) plan."""
+    assert "vllm-3" in PINNED, "test_6c did not leave vllm-3 on its pinned plan"
+    host, server = "vllm-3", "vllm-3-main"
+    since = sh(host, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
+    others = [s for s in server_states() if s != server]
+
+    def limit():
+        return int(haproxy_rows()[server]["slim"] or 0)
+
+    try:
+        assert playbook("playbooks/enable_host.yml", "-e", f"target={host}").returncode == 0
+        wait_until(lambda: limit() == 4, 20, 0.5, "vllm-3 held to its plan's 4")
+        for other in others:
+            balancer(f"set server vllm/{other} state maint")
+        stop = tmp_path / "long.stop"
+        load = subprocess.Popen(
+            [sys.executable, os.path.join(PROJECT, "tools", "loadgen.py"), "http://127.0.0.1:18080/v1/completions",
+             "--model", "tiny-llama", "--clients", str(LONG["clients"]), "--streaming-clients", "0", "--prompt",
+             LONG["prompt"], "--max-tokens", LONG["max_tokens"], "--extra-body", json.dumps(LONG["extra_body"]),
+             "--duration", "600", "--timeout", "120", "--stop-file", str(stop), "--report", str(tmp_path / "long.json"),
+             "--events", str(tmp_path / "long.jsonl")],
+            env=dict(os.environ, LOADGEN_API_KEY=API_KEY), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        try:
+            started = time.time()
+            wait_until(lambda: limit() == 2, 90, 0.5, "the valve to halve vllm-3's limit")
+            eased = time.time() - started
+            # Once the engine holds no more than the new limit, vLLM preempts no more.
+            wait_until(lambda: engine_pressure(host)[0] <= 2, 60, 0.5, "vllm-3 down to 2 requests")
+            before = engine_pressure(host)[1]
+            time.sleep(15)
+            after = engine_pressure(host)[1]
+        finally:
+            stop.touch()
+            load.wait(timeout=240)
+        with open(tmp_path / "long.jsonl") as f:
+            records = [json.loads(line) for line in f]
+        back = wait_until(lambda: limit() == 4 and time.time(), 90, 1, "the limit back at the plan after calm")
+        journal = watchdog_journal(host, since)
+        print(f"\nlimit 4 -> 2 {eased:.1f} s into the load; preemptions {before} -> {after} in the 15 s after; "
+              f"{sum(r['ok'] for r in records)} of {len(records)} requests served, failures "
+              f"{collections.Counter(r.get('status') for r in records if not r['ok'])}\n{journal}")
+        assert "valve: limit 4 -> 2: " in journal and "preemptions" in journal
+        assert after == before  # the engine no longer preempts at the eased limit
+        assert "valve: limit 2 -> 4: calm for" in journal and back
+        assert all(r["ok"] or r.get("status") == 503 for r in records) and sum(r["ok"] for r in records) > 0
+
+        # A runtime OOM, as vllm-oom-counter reads it: vLLM's lines in the unit's journal (OBJECT_PID: journald
+        # files them under the unit of that process, as it does vLLM's own).
+        pid = unit_props(host, UNIT, "MainPID")["MainPID"]
+        fixture = os.path.join(PROJECT, "tests", "fixtures", "vllm-logs", "club-3090-16-hint-not-fragmentation.log")
+        subprocess.run(["docker", "cp", fixture, f"{host}:/tmp/oom.log"], check=True, capture_output=True)
+        sh(host, "grep -v '^# ' /tmp/oom.log | while IFS= read -r line; do printf 'MESSAGE=%s\\nOBJECT_PID=%s\\n"
+                 f"SYSLOG_IDENTIFIER=vllm\\n' \"$line\" {pid} | logger --journald; done")
+        sh(host, "systemctl start vllm-oom-counter.service")
+        wait_until(lambda: limit() == 2, 30, 0.5, "the valve to halve the limit after a runtime OOM")
+        assert "1 runtime OOM" in watchdog_journal(host, since)
+
+        # The operator's lever, through the watchdog: a ceiling, then back to the plan (the valve may hold lower).
+        run = playbook("playbooks/server_limit.yml", "-e", f"target={host}", "-e", "maxconn=1")
+        assert run.returncode == 0 and limit() == 1, run.stdout[-3000:]
+        assert "operator's ceiling 1" in watchdog_journal(host, since)
+        run = playbook("playbooks/server_limit.yml", "-e", f"target={host}", "-e", "maxconn=plan")
+        assert run.returncode == 0 and limit() in (2, 4), run.stdout[-3000:]
+    finally:
+        for other in others:
+            balancer(f"set server vllm/{other} state ready")
+        roll = restore_host(host, PINNED.pop(host))
     assert roll.returncode == 0, roll.stdout[-3000:]
+    # The restart starts again from the new plan's limit, whatever the valve had eased the old one to.
+    wait_until(lambda: limit() == PLAN_LIMIT, 20, 0.5, "vllm-3 held to its new plan's limit")
     assert all_up()
 
 
@@ -511,7 +602,7 @@ def test_10_a_wedged_engine_leaves_rotation_within_seconds_and_the_watchdog_rest
     agent-check; playbooks/watchdog.yml restarts it through the roll's runbook and it comes back UP. Only requests
     sent to the wedged engine before it left rotation may fail; they are counted and reported."""
     host, server = "vllm-1", "vllm-1-main"
-    assert agent(host) == "up\n"
+    assert agent(host) == "up maxconn:8\n"  # the plan's concurrency_limit: p99 2048, peak 8
     pid = unit_props(host, UNIT, "MainPID")["MainPID"]
     since = sh(host, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
     try:
@@ -532,10 +623,10 @@ def test_10_a_wedged_engine_leaves_rotation_within_seconds_and_the_watchdog_rest
             engine_core(host, "CONT")
     assert run.returncode == 0, run.stdout[-3000:]
     assert server_states()[server] == "UP" and unit_props(host, UNIT, "MainPID")["MainPID"] != pid
-    assert agent(host) == "up\n"
+    assert agent(host) == "up maxconn:8\n"
     journal = watchdog_journal(host, since)
     print(f"\nout of rotation {out - stopped:.1f} s after SIGSTOP; agent said {reply.strip()!r}\n{journal}")
-    assert reply.startswith("down #wedged: ")
+    assert reply.startswith("down maxconn:8 #wedged: ")
     assert "main: WEDGED (MainPID " in journal and f"restarting {host}" in journal and f"restarted {host}" in journal
     with open(load.events_file) as f:
         records = [json.loads(line) for line in f]
@@ -559,7 +650,7 @@ def test_11_busy_servers_are_left_alone_and_a_wedge_without_capacity_waits(tmp_p
     with Load(str(tmp_path), "busy", clients=3, pause=0.2):
         before = {h: generated(h) for h in VLLM_HOSTS}
         for _ in range(15):  # three times the stall threshold
-            assert all_up() and all(agent(h) == "up\n" for h in VLLM_HOSTS)
+            assert all_up() and all(agent(h) == "up maxconn:8\n" for h in VLLM_HOSTS)
             time.sleep(1)
         after = {h: generated(h) for h in VLLM_HOSTS}
     print(f"\ngenerated tokens before and after 15 s of busy load: {before} {after}")
@@ -595,6 +686,124 @@ def test_11_busy_servers_are_left_alone_and_a_wedge_without_capacity_waits(tmp_p
     # Its engine moves again: the watchdog says so and HAProxy takes it back, with nobody restarting anything.
     wait_until(all_up, 60, 1, "both servers UP again once their engines run")
     assert "progressing again" in watchdog_journal("vllm-1", since)
+
+
+# --- The live lever (issue 25): each server held to its plan; eased under real pressure --------------------------
+
+PLAN_LIMIT = 8  # the fleet's plans: p99 2048, peak 8 on the stand-in A10G: concurrency_limit 8
+
+
+def balancer(cmd):
+    return sh("balancer-1", f"echo '{cmd}' | socat stdio /run/haproxy/admin.sock").stdout
+
+
+def haproxy_rows():
+    """{svname: show stat row} of the vllm backend, its BACKEND row included."""
+    text = balancer("show stat").lstrip("# ")
+    return {r["svname"]: r for r in csv.DictReader(text.splitlines()) if r["pxname"] == "vllm"}
+
+
+def engine_pressure(host):
+    """(running + waiting, preemptions so far) of the host's instance, from its /metrics."""
+    found = dict(re.findall(r"^(vllm:num_requests_running|vllm:num_requests_waiting|vllm:num_preemptions_total)"
+                            r"(?:\{[^}]*\})? (\S+)$", http(host, "/metrics", key=None)[1], re.M))
+    return (float(found.get("vllm:num_requests_running", 0)) + float(found.get("vllm:num_requests_waiting", 0)),
+            float(found.get("vllm:num_preemptions_total", 0)))
+
+
+class Engines:
+    """Every 0.5 s, each host's running + waiting and preemptions, in a thread, for the span of a `with` block."""
+
+    def __init__(self, hosts):
+        self.hosts, self.samples, self.done = hosts, {h: [] for h in hosts}, threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            for host in self.hosts:
+                self.samples[host].append((time.time(),) + engine_pressure(host))
+            time.sleep(0.5)
+
+    def __enter__(self):
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(30)
+        return False
+
+    def held(self):
+        return {h: max(s[1] for s in samples) for h, samples in self.samples.items()}
+
+    def preemptions(self):
+        return {h: samples[-1][2] - samples[0][2] for h, samples in self.samples.items()}
+
+
+def overload(tmp_path, name, clients, seconds, **extra):
+    """tools/loadgen.py through the balancer, no pause: (its report, its per-request records)."""
+    report, events = tmp_path / f"{name}.json", tmp_path / f"{name}.jsonl"
+    cmd = [sys.executable, os.path.join(PROJECT, "tools", "loadgen.py"), "http://127.0.0.1:18080/v1/completions",
+           "--model", "tiny-llama", "--clients", str(clients), "--streaming-clients", "0", "--duration",
+           str(seconds), "--timeout", "90", "--report", str(report), "--events", str(events)]
+    for key, value in extra.items():
+        cmd += ["--" + key.replace("_", "-"), value if isinstance(value, str) else json.dumps(value)]
+    subprocess.run(cmd, env=dict(os.environ, LOADGEN_API_KEY=API_KEY), check=True, capture_output=True,
+                   timeout=seconds + 150)
+    with open(events) as f:
+        return json.loads(report.read_text()), [json.loads(line) for line in f]
+
+
+def figures(records, engines):
+    seconds = sorted(r["end"] - r["start"] for r in records if r["ok"])
+    refused = [r for r in records if r.get("status") == 503]
+    return {"sent": len(records), "ok": len(seconds), "503": len(refused),
+            "other failures": sum(1 for r in records if not r["ok"] and r.get("status") != 503),
+            "p99 s": round(seconds[int(0.99 * (len(seconds) - 1))], 1) if seconds else None,
+            "slowest 503 s": round(max((r["end"] - r["start"] for r in refused), default=0), 1),
+            "most held by a server": max(engines.held().values()),
+            "preemptions": sum(engines.preemptions().values())}
+
+
+def test_13_an_overloaded_fleet_queues_in_haproxy_and_no_server_holds_more_than_its_plan(tmp_path):
+    """Load several times the fleet's planned concurrency through the balancer: no vLLM instance holds more requests
+    (running + waiting) than its plan's limit, HAProxy's queue holds the rest, requests that wait longer than the
+    queue timeout get 503 at once, nothing else fails. Then the same load without the limits (the watchdogs stopped,
+    maxconn 0), for the figures side by side."""
+    hosts = [s[:-len("-main")] for s in server_states()]
+    slots = PLAN_LIMIT * len(hosts)
+    assert {r["slim"] for name, r in haproxy_rows().items() if name != "BACKEND"} == {str(PLAN_LIMIT)}
+    body = {"clients": 5 * slots, "seconds": 20, "max_tokens": "32", "extra_body": {"ignore_eos": True}}
+    balancer("clear counters")
+    with Engines(hosts) as limited:
+        report, records = overload(tmp_path, "limited", body["clients"], body["seconds"],
+                                   max_tokens=body["max_tokens"], extra_body=body["extra_body"])
+    queued = int(haproxy_rows()["BACKEND"]["qmax"])
+    with_limits = dict(figures(records, limited), **{"most queued in HAProxy": queued})
+    try:
+        for host in hosts:
+            sh(host, "systemctl stop vllm-watchdog")
+        for host in hosts:
+            balancer(f"set maxconn server vllm/{host}-main 0")
+        balancer("clear counters")
+        with Engines(hosts) as free:
+            _, free_records = overload(tmp_path, "free", body["clients"], body["seconds"],
+                                       max_tokens=body["max_tokens"], extra_body=body["extra_body"])
+        without = dict(figures(free_records, free), **{"most queued in HAProxy": int(haproxy_rows()["BACKEND"]["qmax"])})
+    finally:
+        for host in hosts:
+            sh(host, "systemctl start vllm-watchdog")
+    wait_until(lambda: {r["slim"] for name, r in haproxy_rows().items() if name != "BACKEND"} == {str(PLAN_LIMIT)},
+               20, 0.5, "every server's limit back from its agent")
+    print(f"\n{body['clients']} clients on {slots} planned slots for {body['seconds']} s:\n"
+          f"  with the limits:    {with_limits}\n  without the limits: {without}")
+    assert with_limits["most held by a server"] <= PLAN_LIMIT, limited.held()
+    assert with_limits["preemptions"] == 0 and with_limits["other failures"] == 0, report["errors"]
+    assert with_limits["most queued in HAProxy"] > 0
+    # A refusal comes when the queue timeout (10 s, group_vars/balancer.yml) is over, not after minutes.
+    assert with_limits["slowest 503 s"] <= 12
+    assert without["most held by a server"] > PLAN_LIMIT  # the comparison means something
+    assert all_up()
 
 
 def test_12_stop_leaves_no_process_behind():

@@ -18,6 +18,8 @@ description:
   - C(state=drain) + C(wait) waits until the servers have no current session (C(scur)) and nothing queued
     (C(qcur)), whatever their health. A server already in MAINT is left in MAINT.
   - C(state=ready) + C(wait) waits until HAProxy reports each server C(UP) (health checks passed).
+  - C(state=limit) sets each server's maxconn to O(maxconn) (C(set maxconn server)); with C(wait), until every
+    server reports it (a vllm-watchdog agent sets it again at every check: it must say the same).
   - After a change, runs O(save_state) so that the server-state file (read by HAProxy at reload/start) is current.
   - Check mode reports what would change.
 options:
@@ -29,10 +31,12 @@ options:
     elements: str
     default: []
   state:
-    description: C(query) only reads; C(ready), C(drain), C(maint) set the admin state (C(set server ... state)).
+    description: C(query) only reads; C(ready), C(drain), C(maint) set the admin state (C(set server ... state));
+      C(limit) sets maxconn.
     type: str
-    choices: [query, ready, drain, maint]
+    choices: [query, ready, drain, maint, limit]
     default: query
+  maxconn: {description: "With O(state=limit), the servers' maxconn (from 1).", type: int}
   wait: {description: Wait for the condition of O(state) (see above)., type: bool, default: true}
   timeout: {description: Seconds to wait., type: int, default: 60}
   interval: {description: Seconds between polls., type: float, default: 1.0}
@@ -79,9 +83,23 @@ servers:
     status: {description: "HAProxy's status text (e.g. UP, UP 1/2, DOWN, MAINT, DRAIN).", type: str}
     scur: {description: Current sessions., type: int}
     qcur: {description: Queued requests., type: int}
+    slim: {description: "The server's maxconn (0: none).", type: int}
+    smax: {description: The most sessions it had at once (since HAProxy started or its counters were cleared)., type: int}
     check_status: {description: Last health check result (e.g. L7OK, L4CON)., type: str}
     addr: {description: "address:port.", type: str}
-changed_servers: {description: "Names of the servers whose admin state was changed.", returned: always, type: list}
+backends:
+  description: With O(state=query), each backend's queue and refusals.
+  returned: when O(state=query)
+  type: list
+  elements: dict
+  contains:
+    backend: {description: Backend name., type: str}
+    qcur: {description: "Requests waiting in the backend's queue for a server's slot (every server at its maxconn).",
+           type: int}
+    qmax: {description: The most that waited at once., type: int}
+    hrsp_5xx: {description: "5xx answers, the queue's 503 (no slot within timeout queue) included.", type: int}
+changed_servers: {description: "Names of the servers whose admin state or maxconn was changed.", returned: always,
+                  type: list}
 timed_out:
   description: True when the wait ended on the timeout (O(on_timeout=continue)).
   returned: always
@@ -122,17 +140,26 @@ def command(path, cmd, timeout=10.0):
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def parse_stat(text):
-    """{(backend, server): row} from `show stat` CSV (servers only)."""
+def parse_stat(text, kind="servers"):
+    """{(proxy, name): row} from `show stat` CSV: the servers, or the backends' own rows (kind="BACKEND")."""
     lines = text.strip().splitlines()
     if not lines or not lines[0].startswith("# "):
         raise SocketError(f"unexpected `show stat` answer: {text[:200]!r}")
     lines[0] = lines[0][2:]
     rows = {}
     for row in csv.DictReader(lines):
-        if row.get("svname") not in ("FRONTEND", "BACKEND") and row.get("pxname"):
+        own = row.get("svname") in ("FRONTEND", "BACKEND")
+        if row.get("pxname") and (row.get("svname") == kind if kind != "servers" else not own):
             rows[(row["pxname"], row["svname"])] = row
     return rows
+
+
+def backends(path, backend):
+    """What a backend queues and refuses: [{backend, qcur (requests waiting for a slot now), qmax, hrsp_5xx}]."""
+    rows = parse_stat(command(path, "show stat"), "BACKEND")
+    return [{"backend": name, "qcur": to_int(row.get("qcur")), "qmax": to_int(row.get("qmax")),
+             "hrsp_5xx": to_int(row.get("hrsp_5xx"))}
+            for (name, _), row in sorted(rows.items()) if backend is None or name == backend]
 
 
 def parse_servers_state(text):
@@ -175,7 +202,8 @@ def snapshot(path):
             state = status.split(" ")[0]
         servers.append({
             "backend": backend, "name": name, "state": state, "admin": admin, "status": status,
-            "scur": to_int(row.get("scur")), "qcur": to_int(row.get("qcur")),
+            "scur": to_int(row.get("scur")), "qcur": to_int(row.get("qcur")), "slim": to_int(row.get("slim")),
+            "smax": to_int(row.get("smax")),
             "check_status": row.get("check_status", ""), "addr": row.get("addr", ""),
         })
     return servers
@@ -187,18 +215,23 @@ def select(servers, backend, names):
 
 def describe(servers):
     return ", ".join(f"{s['backend']}/{s['name']}={s['status'] or s['state']} (admin {s['admin']}, scur {s['scur']}, "
-                     f"qcur {s['qcur']}, check {s['check_status'] or '-'})" for s in servers)
+                     f"qcur {s['qcur']}, maxconn {s['slim'] or '-'}, check {s['check_status'] or '-'})"
+                     for s in servers)
 
 
-def condition_met(state, server):
+def condition_met(state, server, maxconn=None):
     if state == "drain":
         return server["admin"] == "maint" or (server["scur"] == 0 and server["qcur"] == 0)
     if state == "ready":
         return server["admin"] == "ready" and server["status"] == "UP"
+    if state == "limit":
+        return server["slim"] == maxconn
     return server["admin"] == state
 
 
-def needs_change(state, server):
+def needs_change(state, server, maxconn=None):
+    if state == "limit":
+        return server["slim"] != maxconn
     if state == "drain":
         return server["admin"] == "ready"  # DRAIN stays, MAINT is already further than DRAIN
     return server["admin"] != state
@@ -210,17 +243,22 @@ def main():
             "socket": {"type": "path", "default": "/run/haproxy/admin.sock"},
             "backend": {"type": "str"},
             "servers": {"type": "list", "elements": "str", "default": []},
-            "state": {"type": "str", "choices": ["query", "ready", "drain", "maint"], "default": "query"},
+            "state": {"type": "str", "choices": ["query", "ready", "drain", "maint", "limit"], "default": "query"},
+            "maxconn": {"type": "int"},
             "wait": {"type": "bool", "default": True},
             "timeout": {"type": "int", "default": 60},
             "interval": {"type": "float", "default": 1.0},
             "on_timeout": {"type": "str", "choices": ["fail", "continue"], "default": "fail"},
             "save_state": {"type": "list", "elements": "str", "default": []},
         },
-        required_if=[("state", "ready", ["servers"]), ("state", "drain", ["servers"]), ("state", "maint", ["servers"])],
+        required_if=[("state", "ready", ["servers"]), ("state", "drain", ["servers"]), ("state", "maint", ["servers"]),
+                     ("state", "limit", ["servers", "maxconn"])],
         supports_check_mode=True,
     )
     path, backend, names, state = (module.params[k] for k in ("socket", "backend", "servers", "state"))
+    maxconn = module.params["maxconn"]
+    if state == "limit" and maxconn < 1:
+        module.fail_json(msg=f"maxconn must be at least 1, got {maxconn}")
     started = time.monotonic()
     result = {"changed": False, "changed_servers": [], "timed_out": False}
 
@@ -232,31 +270,34 @@ def main():
             module.fail_json(msg=f"server(s) {', '.join(missing)} not found in backend {backend or '(any)'} of "
                                  f"{path}; servers there: {', '.join(known) or 'none'}", **result)
         if state == "query":
-            module.exit_json(servers=current, elapsed=round(time.monotonic() - started, 3), **result)
+            module.exit_json(servers=current, backends=backends(path, backend),
+                             elapsed=round(time.monotonic() - started, 3), **result)
 
-        to_change = [s for s in current if needs_change(state, s)]
+        to_change = [s for s in current if needs_change(state, s, maxconn)]
         result["changed_servers"] = sorted({s["name"] for s in to_change})
         result["changed"] = bool(to_change)
         if module.check_mode:
             module.exit_json(servers=current, elapsed=0.0, **result)
 
         for server in to_change:
-            answer = command(path, f"set server {server['backend']}/{server['name']} state {state}").strip()
+            cmd = (f"set maxconn server {server['backend']}/{server['name']} {maxconn}" if state == "limit" else
+                   f"set server {server['backend']}/{server['name']} state {state}")
+            answer = command(path, cmd).strip()
             if answer:
-                module.fail_json(msg=f"`set server {server['backend']}/{server['name']} state {state}`: {answer}",
-                                 **result)
-        if to_change and module.params["save_state"]:
+                module.fail_json(msg=f"`{cmd}`: {answer}", **result)
+        if to_change and module.params["save_state"] and state != "limit":
             rc, out, err = module.run_command(module.params["save_state"])
             if rc != 0:
                 module.fail_json(msg=f"state changed but saving it failed (rc {rc}): {err or out}", **result)
 
         deadline = started + module.params["timeout"]
         current = select(snapshot(path), backend, names)
-        while module.params["wait"] and not all(condition_met(state, s) for s in current):
+        while module.params["wait"] and not all(condition_met(state, s, maxconn) for s in current):
             if time.monotonic() >= deadline:
                 result["timed_out"] = True
-                waited = {"drain": "no session left", "ready": "UP", "maint": "MAINT"}[state]
-                late = [s for s in current if not condition_met(state, s)]
+                waited = {"drain": "no session left", "ready": "UP", "maint": "MAINT",
+                          "limit": f"maxconn {maxconn}"}[state]
+                late = [s for s in current if not condition_met(state, s, maxconn)]
                 msg = f"after {module.params['timeout']} s, not {waited} yet: {describe(late)}"
                 if state == "drain" and module.params["on_timeout"] == "continue":
                     module.warn(msg)
