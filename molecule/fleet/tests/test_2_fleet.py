@@ -79,22 +79,80 @@ def with_host_vars(host, values):
     return path
 
 
-def test_1_rolling_restart_under_load_loses_no_request(tmp_path):
+# The roll journal of this scenario (molecule/shared/inventory/group_vars/all.yml).
+JOURNAL = os.path.join(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY") or "/tmp/vllm-fleet-demo", "roll-journal")
+
+
+def journal():
+    out = {}
+    for path in glob.glob(os.path.join(JOURNAL, "*.json")):
+        with open(path) as f:
+            record = json.load(f)
+        out[record["host"]] = record
+    return out
+
+
+def roll_killed_at(step, host, *args):
+    """Start playbooks/rolling_restart.yml and kill it, its whole process group at once (a controller that dies),
+    as soon as the roll journal says `host` has reached `step`. Returns the journal's record."""
+    proc = subprocess.Popen(["ansible-playbook", "-i", INVENTORY, os.path.join(PROJECT, "playbooks", "rolling_restart.yml"),
+                             *args], cwd=PROJECT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(PROJECT, "ansible.cfg")))
+
+    def reached():
+        record = journal().get(host, {})
+        assert proc.poll() is None or record.get("step") == step, f"the roll ended before {host} was {step}"
+        return record if record.get("step") == step else None
+    try:
+        record = wait_until(reached, 600, interval=0.05, what=f"the roll journal to say {host} {step}")
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    return record
+
+
+def test_1_a_roll_killed_after_a_drain_and_after_a_stop_is_resumed_and_loses_no_request(tmp_path):
+    """The roll under load, its controller killed twice: after vllm-1's drain, then (in the next run, which brings
+    vllm-1 back first) after vllm-2's stop. Each time the roll journal on the controller says where the host was,
+    the lock dies with the run, and the next run brings the host back before anything else. Meanwhile another
+    playbook that changes rotation is refused by the lock. Every host is restarted once, no request is lost."""
+    before = invocations()
     with Load(str(tmp_path), "roll") as load:
-        roll = playbook("playbooks/rolling_restart.yml")
-    assert roll.returncode == 0, roll.stdout[-3000:]
+        first = roll_killed_at("drained", "vllm-1")
+        assert server_states()["vllm-1-main"] == "MAINT" and set(journal()) == {"vllm-1"}
+        assert first["playbook"] == "Roll the vLLM fleet" and first["steps"][:3] == ["start", "draining", "drained"]
+        second = roll_killed_at("stopped", "vllm-2")
+        assert server_states()["vllm-1-main"] == "UP" and set(journal()) == {"vllm-2"}, journal()
+        assert sh("vllm-2", f"systemctl is-active {UNIT}", check=False).stdout.strip() != "active"
+        # The last run: vllm-2 first, then vllm-3; a drain asked for meanwhile is refused by the lock.
+        last = subprocess.Popen(["ansible-playbook", "-i", INVENTORY, os.path.join(PROJECT, "playbooks", "rolling_restart.yml"),
+                                 "--limit", "vllm-2,vllm-3"], cwd=PROJECT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True,
+                                env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(PROJECT, "ansible.cfg")))
+        wait_until(lambda: journal().get("vllm-2", {}).get("at", 0) > second["at"], 300, interval=0.2,
+                   what="the last run to take vllm-2 through the runbook")
+        refused = playbook("playbooks/drain_host.yml", "-e", "target=vllm-3")
+        out, _ = last.communicate(timeout=1200)
+    out = " ".join(out.split())
+    assert refused.returncode != 0 and "holds the roll lock" in refused.stdout, refused.stdout[-2000:]
+    assert "rolling_restart.yml --limit vllm-2,vllm-3" in refused.stdout
+    assert last.returncode == 0, out[-3000:]
+    assert "vllm-2 was left out of rotation by" in out and "last step stopped" in out
     LOADS["rolling_restart.yml"] = {**load.report["totals"], "hosts_restarted": len(VLLM_HOSTS)}
     totals = load.report["totals"]
     assert totals["sent"] > 50 and totals["failed"] == 0, load.report["errors"]
+    assert journal() == {} and all_up()
+    after = invocations()
+    assert all(after[h] != before[h] for h in VLLM_HOSTS)
     report = latest_report()
-    assert report["outcome"] == "ok" and sorted(report["hosts"]) == VLLM_HOSTS
+    assert report["outcome"] == "ok" and sorted(report["hosts"]) == ["vllm-2", "vllm-3"]
+    assert report["hosts"]["vllm-2"]["resumed"]["step"] == "stopped" and report["hosts"]["vllm-3"]["resumed"] is None
     for host, rec in report["hosts"].items():
         print(f"{host}: drain {rec['drain_wait_s']} s, stop {rec['stop_s']} s, start-to-ready {rec['start_to_ready_s']}"
               f" s (vLLM itself {rec['vllm_start_to_ready_s']} s), enable {rec['enable_s']} s, total {rec['total_s']}"
               f" s, overhead {rec['overhead_s']} s")
         assert rec["outcome"] == "ok" and rec["vllm_start_to_ready_s"] > 0
         assert abs(rec["total_s"] - rec["overhead_s"] - rec["vllm_start_to_ready_s"]) < 0.1
-    assert all_up()
 
 
 def test_2_naive_restart_side_by_side(tmp_path):

@@ -1,0 +1,70 @@
+"""playbooks/roll_lock.yml as the playbooks that change rotation import it, run for real on the controller: the
+lock refuses a second run naming the holder; the roll journal is read and shown; a roll (or the watchdog) whose
+--limit leaves out a host a cut-short roll left out of rotation is refused before anything else runs. The fleet
+scenario proves the rest on real hosts (a killed roll resumed under load)."""
+import json
+import os
+import subprocess
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
+
+
+def run(tmp_path, playbook, *args):
+    inventory = tmp_path / "hosts.json"
+    # gpu-b is never reached: every run below stops (or ends) before a task touches a host.
+    inventory.write_text(json.dumps({"all": {"hosts": {
+        "localhost": {"ansible_connection": "local", "ansible_python_interpreter": PYTHON}},
+        "children": {"vllm": {"hosts": {"gpu-a": {"ansible_connection": "local", "ansible_python_interpreter": PYTHON},
+                                        "gpu-b": {"ansible_host": "192.0.2.255"}}}}}}))
+    out = subprocess.run(
+        [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", str(inventory), f"playbooks/{playbook}",
+         "-e", json.dumps({"rolling_restart_lock_file": str(tmp_path / "roll.lock"),
+                           "rolling_restart_journal_dir": str(tmp_path / "journal"),
+                           "rolling_restart_reports_dir": str(tmp_path / "reports")}), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg")))
+    return out.returncode, " ".join((out.stdout + out.stderr).split())
+
+
+def left_out(tmp_path, host, step="stopped"):
+    journal = tmp_path / "journal"
+    journal.mkdir(exist_ok=True)
+    (journal / f"{host}.json").write_text(json.dumps({
+        "host": host, "step": step, "steps": ["start", "draining", "drained", step], "since": 1765000000.0,
+        "at": 1765000030.0, "playbook": "Roll the vLLM fleet", "run_dir": "/x",
+        "options": {"apply_config": True, "apply_driver": False, "loadtest": False}, "error": ""}))
+
+
+def test_alone_it_shows_the_hosts_a_cut_short_roll_left_out(tmp_path):
+    left_out(tmp_path, "gpu-b")
+    code, out = run(tmp_path, "roll_lock.yml", "--limit", "localhost")
+    assert code == 0, out[-3000:]
+    assert "gpu-b was left out of rotation by" in out and "Roll the vLLM fleet" in out
+    assert "(last step stopped, out since 2025-12-06T05:46:40Z)" in out
+    assert "playbooks/rolling_restart.yml (with it in --limit) brings it back" in out
+
+
+def test_a_roll_whose_limit_leaves_such_a_host_out_is_refused_before_anything_runs(tmp_path):
+    left_out(tmp_path, "gpu-b")
+    for playbook in ("rolling_restart.yml", "watchdog.yml"):
+        code, out = run(tmp_path, playbook, "--limit", "gpu-a")
+        assert code != 0, out[-3000:]
+        assert "gpu-b: left out of rotation by an earlier roll" in out and "Nothing was changed" in out
+        assert "Drain" not in out and "Find the wedged" not in out, out[-3000:]
+        assert not (tmp_path / "reports").exists()
+
+
+def test_a_second_run_is_refused_naming_the_holder(tmp_path):
+    (tmp_path / "roll.lock").touch()
+    holder = subprocess.Popen(["flock", str(tmp_path / "roll.lock"), "sleep", "120"])
+    try:
+        time.sleep(0.5)
+        code, out = run(tmp_path, "drain_host.yml", "-e", "target=gpu-a")
+        assert code != 0
+        assert f"holds the roll lock {tmp_path / 'roll.lock'}" in out and "sleep 120" in out, out[-3000:]
+        assert "Drain a vLLM host in every balancer" not in out
+    finally:
+        holder.kill()
+        holder.wait()
