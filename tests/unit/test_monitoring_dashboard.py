@@ -27,6 +27,8 @@ EXPORTED = {
     "vllm_fleet_watchdog_wedged": "vllm-watchdog",
     "vllm_fleet_valve_maxconn": "vllm-watchdog",
     "vllm_fleet_valve_plan_maxconn": "vllm-watchdog",
+    # The nvidia_gpu role's files/nvidia-gpu-health, through node exporter's textfile collector.
+    "nvidia_gpu_quarantined": "nvidia-gpu-health",
     # HAProxy 2.6 `http-request use-service prometheus-exporter`.
     "haproxy_server_status": "HAProxy",
     # Prometheus itself, per target.

@@ -20,6 +20,12 @@ STANDIN = REPO / "tests" / "fixtures" / "nvidia-smi"
 FIXTURES = REPO / "tests" / "fixtures" / "gpus"
 
 sys.path.insert(0, str(LIBRARY))
+sys.path.insert(0, str(ROLE / "module_utils"))
+
+import nvidia_smi  # noqa: E402
+
+# What Ansible resolves the module's `ansible.module_utils.nvidia_smi` import to.
+sys.modules.setdefault("ansible.module_utils.nvidia_smi", nvidia_smi)
 
 import nvidia_gpu_facts as m  # noqa: E402
 
@@ -358,8 +364,12 @@ def test_standin_no_devices(tmp_path):
 def run_module(args, tmp_path, env=None):
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    # As Ansible runs it: the role's module_utils resolvable as ansible.module_utils.
+    bootstrap = ("import runpy, sys; sys.path.insert(0, %r); import nvidia_smi; "
+                 "sys.modules['ansible.module_utils.nvidia_smi'] = nvidia_smi; sys.argv = sys.argv[1:]; "
+                 "runpy.run_path(sys.argv[0], run_name='__main__')" % str(ROLE / "module_utils"))
     result = subprocess.run(
-        [sys.executable, str(LIBRARY / "nvidia_gpu_facts.py"), str(args_file)],
+        [sys.executable, "-c", bootstrap, str(LIBRARY / "nvidia_gpu_facts.py"), str(args_file)],
         capture_output=True,
         text=True,
         env=dict(os.environ, **(env or {})),

@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -862,6 +863,65 @@ def test_13_an_overloaded_fleet_queues_in_haproxy_and_no_server_holds_more_than_
     assert with_limits["slowest 503 s"] <= 12
     assert without["most held by a server"] > PLAN_LIMIT  # the comparison means something
     assert all_up()
+
+
+# Real NVRM lines (tests/fixtures/nvidia-kmsg/nvrm-lines.txt names their sources), on the PCI address of the
+# stand-in A10G (00000000:00:1E.0, the kernel's "0000:00:1e").
+XID_13 = ("NVRM: Xid (PCI:0000:00:1e): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception on (GPC 7, "
+          "TPC 7, SM 0): Illegal Instruction Parameter")
+XID_119 = ("NVRM: Xid (PCI:0000:00:1e): 119, pid=2024380, name=nvidia-smi, Timeout after 6s of waiting for RPC "
+           "response from GPU4 GSP! Expected function 103 (GSP_RM_ALLOC) (0x2081 0x4).")
+
+
+def gpu_health(host):
+    return json.loads(sh(host, "cat /var/lib/nvidia-gpu-health/state.json").stdout)
+
+
+def test_14_a_fatal_xid_fences_its_gpu_an_application_xid_does_not_and_the_roll_brings_it_back(tmp_path):
+    """The kernel (its stand-in: real NVRM lines in /dev/kmsg's format) reports Xid 13 on vllm-1's GPU (NVIDIA:
+    RESTART_APP) and Xid 119, a GSP timeout (RESET_GPU), on vllm-2's. Under load: vllm-1 is left alone; vllm-2's
+    GPU is quarantined, its instance stopped and out of every balancer within seconds, a start is skipped (no
+    restart loop), Prometheus alerts naming the GPU, the Xid and the action, diagnose.yml says it is a GPU fault;
+    then the roll resets the GPU (nvidia-smi -r), clears the quarantine and brings vllm-2 back."""
+    counted = gpu_health("vllm-1")["counts"].get("0|Xid 13|application", 0)
+    with Load(str(tmp_path), "gpu-fault") as load:
+        sh("vllm-1", "kernel-log " + shlex.quote(XID_13))
+        sh("vllm-2", "kernel-log " + shlex.quote(XID_119))
+        wait_until(lambda: "0" in gpu_health("vllm-2")["quarantine"], 30, 0.5, "vllm-2's GPU in quarantine")
+        fenced = time.monotonic()
+        wait_until(lambda: server_states()["vllm-2-main"] != "UP", 30, 0.5, "vllm-2 out of rotation")
+        print(f"GPU fault to out of rotation: {time.monotonic() - fenced:.1f} s after the quarantine")
+        wait_until(lambda: sh("vllm-2", f"systemctl is-active {UNIT}", check=False).stdout.strip() == "inactive", 60,
+                   1, "vllm-2's instance stopped")
+        sh("vllm-2", f"systemctl start {UNIT}", check=False)
+        assert sh("vllm-2", f"systemctl is-active {UNIT}", check=False).stdout.strip() == "inactive"
+        assert "gpus-healthy: GPU 0 is quarantined (needs a reset: Xid 119" in sh(
+            "vllm-2", f"journalctl -u {UNIT} -n 20 --no-pager").stdout
+        held = gpu_health("vllm-2")["quarantine"]["0"]
+        assert (held["class"], held["fault"], held["line"]) == ("reset", "Xid 119", XID_119)
+        wait_until(lambda: gpu_health("vllm-1")["counts"].get("0|Xid 13|application", 0) == counted + 1, 10, 0.5,
+                   "vllm-1's Xid 13 counted")
+        assert gpu_health("vllm-1")["quarantine"] == {}
+        assert sh("vllm-1", f"systemctl is-active {UNIT}").stdout.strip() == "active"
+        alerts = wait_until(lambda: [a for a in prometheus("alerts")["alerts"]
+                                     if a["labels"]["alertname"] == "NvidiaGpuQuarantined"], 120, 5,
+                            "NvidiaGpuQuarantined in Prometheus")
+        print(f"Prometheus: {alerts[0]['labels']} {alerts[0]['annotations']['summary']}")
+        assert (alerts[0]["labels"]["host"], alerts[0]["labels"]["gpu"], alerts[0]["labels"]["fault"],
+                alerts[0]["labels"]["class"]) == ("vllm-2", "0", "Xid 119", "reset")
+        diagnosis = playbook("playbooks/diagnose.yml", "--limit", "vllm-2")
+        assert diagnosis.returncode == 0 and "GPU 0 is QUARANTINED since" in diagnosis.stdout, diagnosis.stdout[-3000:]
+        assert "resets the GPU and brings it back" in diagnosis.stdout
+        roll = playbook("playbooks/rolling_restart.yml", "--limit", "localhost,vllm-2")
+    assert roll.returncode == 0, roll.stdout[-3000:]
+    assert "Reset the GPU" in roll.stdout
+    assert json.loads(sh("vllm-2", "cat /etc/nvidia-smi-standin.json").stdout)["gpus"][0]["resets"] == 1
+    assert gpu_health("vllm-2")["quarantine"] == {} and all_up()
+    assert "back in service (reset by the rolling restart)" in sh(
+        "vllm-2", "journalctl -t nvidia-gpu-health --no-pager").stdout
+    totals = load.report["totals"]
+    print(f"load during the fault and the roll: {totals} errors={load.report['errors']}")
+    assert totals["failed_non_streaming"] == 0, load.report["errors"]
 
 
 def test_12_stop_leaves_no_process_behind():

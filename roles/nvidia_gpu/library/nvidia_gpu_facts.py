@@ -162,11 +162,11 @@ nvidia_smi:
   type: str
 """
 
-import csv
 import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.nvidia_smi import NvidiaSmiParseError, data_lines, is_unavailable, split_row
 
 # Column order is part of the interface: the parsers below rely on it.
 GPU_QUERY_FIELDS = (
@@ -213,57 +213,9 @@ RC_HINTS = {
     18: "driver/library version mismatch: the driver packages changed since boot, reboot the host",
 }
 
-_UNAVAILABLE_RE = re.compile(r"^\[[^\]]*\]$")
 _MIB_RE = re.compile(r"^(\d+)(?:\s*MiB)?$")
 _CC_RE = re.compile(r"^\d+\.\d+$")
 NO_PROCESSES_LINES = ("no running processes found",)
-
-
-class NvidiaSmiParseError(ValueError):
-    """nvidia-smi printed something this module cannot read."""
-
-
-def is_unavailable(value):
-    """True for nvidia-smi's placeholders: [N/A], [Not Supported], [Unknown Error], plain N/A..."""
-    value = value.strip()
-    return value in ("", "N/A") or bool(_UNAVAILABLE_RE.match(value))
-
-
-def split_row(line, fields, free_field=None):
-    """Split one unquoted nvidia-smi CSV row into len(fields) values.
-
-    nvidia-smi joins values with ", " and never quotes them, so a value containing ", " yields extra pieces.
-    Those are joined back into free_field, the only column whose content is free text; every other column
-    has a fixed shape. A quoted row (should a future nvidia-smi quote) is read with the csv module.
-    """
-    count = len(fields)
-    if '"' in line:
-        quoted = next(csv.reader([line], skipinitialspace=True))
-        if len(quoted) == count:
-            return [value.strip() for value in quoted]
-    parts = line.split(", ")
-    if len(parts) < count:
-        # Tolerate a bare "," separator.
-        parts = line.split(",")
-    if len(parts) > count and free_field is not None:
-        start = fields.index(free_field)
-        after = count - start - 1
-        end = len(parts) - after
-        parts = parts[:start] + [", ".join(parts[start:end])] + parts[end:]
-    if len(parts) != count:
-        raise NvidiaSmiParseError(
-            "expected %d comma-separated values (%s), got %d in line %r"
-            % (count, ",".join(fields), len(parts), line)
-        )
-    return [part.strip() for part in parts]
-
-
-def _data_lines(text, fields):
-    """Non-empty lines, without a header line should one be present (its first value is the field name)."""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped and stripped.split(",")[0].strip() != fields[0]:
-            yield stripped
 
 
 def _int(value, what, line, nullable):
@@ -319,7 +271,7 @@ def parse_gpu_line(line):
 
 def parse_gpu_csv(text):
     """Facts for `nvidia-smi --query-gpu=<GPU_QUERY_FIELDS> --format=csv,noheader,nounits`, sorted by index."""
-    gpus = [parse_gpu_line(line) for line in _data_lines(text, GPU_QUERY_FIELDS)]
+    gpus = [parse_gpu_line(line) for line in data_lines(text, GPU_QUERY_FIELDS)]
     gpus.sort(key=lambda gpu: gpu["index"])
     for key in ("index", "uuid"):
         values = [gpu[key] for gpu in gpus]
@@ -343,7 +295,7 @@ def parse_process_csv(text):
     """Facts for `nvidia-smi --query-compute-apps=<PROCESS_QUERY_FIELDS> --format=csv,noheader,nounits`."""
     return [
         parse_process_line(line)
-        for line in _data_lines(text, PROCESS_QUERY_FIELDS)
+        for line in data_lines(text, PROCESS_QUERY_FIELDS)
         if line.lower() not in NO_PROCESSES_LINES
     ]
 
