@@ -6,7 +6,8 @@ and the check of inventory values before anything is written (fleet_invalid):
 - systemd unit files: ExecStart words (systemd_exec), Environment= assignments (systemd_environment), other values
   (systemd_value) and comments (systemd_comment);
 - EnvironmentFile (env_file);
-- haproxy.cfg words (haproxy_word).
+- haproxy.cfg words (haproxy_word);
+- keepalived.conf words (keepalived_word).
 
 Every renderer refuses control characters (a newline would end the line and start another setting, section or
 server) and names the input in its error. Documentation is in the sidecar files next to this one.
@@ -36,6 +37,17 @@ HAPROXY = {
                 "an HAProxy keyword such as leastconn or conn-failure"),
     "line": (re.compile(r"^[^\x00-\x1f\x7f]*$"), "one line (no newline or other control character)"),
 }
+
+# keepalived.conf splits at whitespace, starts a comment at # or ! and reads quotes: its values are kept to single
+# words of safe characters, addresses to dotted quads, interfaces to Linux interface names (at most 15 characters).
+_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+KEEPALIVED = {
+    "word": (re.compile(r"^[A-Za-z0-9_.:/@%+=,-]+$"), "a single keepalived word (letters, digits and . _ : / @ % + = , -)"),
+    "ipv4": (re.compile(r"^(%s\.){3}%s$" % (_OCTET, _OCTET)), "an IPv4 address such as 10.0.0.100"),
+    "ifname": (re.compile(r"^[A-Za-z0-9_.-]{1,15}$"), "a network interface name such as eth0 (at most 15 characters)"),
+}
+# The value kinds fleet_invalid knows by a renderer's prefix: haproxy_time, keepalived_ipv4...
+RENDERED = {"haproxy": HAPROXY, "keepalived": KEEPALIVED}
 
 
 def _control(text):
@@ -120,6 +132,18 @@ def haproxy_word(value, what="value", kind="word"):
     return text
 
 
+def keepalived_word(value, what="value", kind="word"):
+    """A value for keepalived.conf that stays one value (KEEPALIVED): a word, an IPv4 address or an interface."""
+    if kind not in KEEPALIVED:
+        raise AnsibleFilterError("keepalived_word: unknown kind %r for %s (known: %s)" % (
+            kind, what, ", ".join(KEEPALIVED)))
+    text = _text(value, what)
+    pattern, wanted = KEEPALIVED[kind]
+    if not pattern.fullmatch(text):
+        raise AnsibleFilterError("%s %r is not %s" % (what, text, wanted))
+    return text
+
+
 # --- fleet_invalid: inventory values checked at the door (messages name the variable, never a secret) -----
 
 RULES = {
@@ -171,13 +195,15 @@ def _problem(name, value, kind):
         if text.startswith("-"):
             return "%s %r starts with '-', which a command line would read as an option" % (name, text)
         return None
-    if kind.startswith("haproxy_") and kind[8:] in HAPROXY:
-        pattern, what = HAPROXY[kind[8:]]
+    renderer, _, sub = kind.partition("_")
+    if sub in RENDERED.get(renderer, {}):
+        pattern, what = RENDERED[renderer][sub]
     elif kind in RULES:
         pattern, what = RULES[kind]
     else:
         raise AnsibleFilterError("fleet_invalid: unknown kind %r for %s (known: port, count, secret, text, %s, %s)" % (
-            kind, name, ", ".join(RULES), ", ".join("haproxy_" + k for k in HAPROXY)))
+            kind, name, ", ".join(RULES),
+            ", ".join("%s_%s" % (r, k) for r, kinds in RENDERED.items() for k in kinds)))
     if _control(text) or not pattern.match(text) or (kind == "path" and "/../" in text + "/"):
         return "%s must be %s, got %r" % (name, what, text)
     return None
@@ -208,6 +234,7 @@ class FilterModule(object):
             "systemd_exec": systemd_exec,
             "systemd_environment": systemd_environment,
             "systemd_value": systemd_value,
+            "keepalived_word": keepalived_word,
             "systemd_comment": systemd_comment,
             "env_file": env_file,
             "haproxy_word": haproxy_word,

@@ -7,14 +7,20 @@ import os
 import re
 import subprocess
 
+import pytest
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
-def run_render(tmp_path, hosts, extra=None):
+def run_render(tmp_path, hosts, extra=None, balancers=None):
+    """balancers: {name: host vars} of a group balancer around localhost (which renders as the first of them)."""
     inventory = tmp_path / "hosts.json"
+    groups = {"vllm": {"hosts": hosts}}
+    if balancers:
+        groups["balancer"] = {"hosts": balancers}
     inventory.write_text(json.dumps({"all": {"hosts": {"localhost": {
         "ansible_connection": "local", "ansible_python_interpreter": os.path.join(ROOT, ".venv", "bin", "python")}}},
-        "vllm": {"hosts": hosts}}))
+        **groups}))
     run = subprocess.run(
         [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", str(inventory),
          "tests/playbooks/render_haproxy.yml", "-e", json.dumps(dict(extra or {}, render_out=str(tmp_path)))],
@@ -78,12 +84,67 @@ def test_the_rendered_configuration_keeps_one_setting_a_line(tmp_path):
     assert any(line.strip() == "option redispatch 1" for line in lines)
 
 
-def test_template_writes_every_value_through_the_renderer():
-    """Each {{ }} of haproxy.cfg.j2 is piped through haproxy_word (with a kind) or int, but ansible_managed: a new
-    setting written raw fails here."""
-    path = os.path.join(ROOT, "roles", "balancer", "templates", "etc", "haproxy", "haproxy.cfg.j2")
-    with open(path) as handle:
+@pytest.mark.parametrize("template, renderer", [
+    ("etc/haproxy/haproxy.cfg.j2", r"\|\s*(haproxy_word\(|int\b|map\('haproxy_word')"),
+    ("etc/keepalived/keepalived.conf.j2", r"\|\s*(keepalived_word\(|int\b)"),
+])
+def test_template_writes_every_value_through_the_renderer(template, renderer):
+    """Each {{ }} of the balancer's templates is piped through its format's renderer (with a kind) or int, but
+    ansible_managed: a new setting written raw fails here."""
+    with open(os.path.join(ROOT, "roles", "balancer", "templates", template)) as handle:
         expressions = re.findall(r"{{(.*?)}}", handle.read())
-    raw = [e.strip() for e in expressions if e.strip() != "ansible_managed"
-           and not re.search(r"\|\s*(haproxy_word\(|int\b|map\('haproxy_word')", e)]
+    raw = [e.strip() for e in expressions if e.strip() != "ansible_managed" and not re.search(renderer, e)]
     assert raw == []
+
+
+# Two balancers sharing a VIP: localhost renders, lb-2 is its peer (addresses from balancer_vrrp_address: no facts).
+VIP = {"balancer_vip": "10.0.0.100", "balancer_vip_interface": "bond0"}
+PAIR = {"localhost": {"balancer_vrrp_address": "10.0.0.11"}, "lb-2": {"balancer_vrrp_address": "10.0.0.12"}}
+
+
+def test_with_a_vip_keepalived_holds_it_with_unicast_peers_and_haproxy_answers_its_check(tmp_path):
+    run = run_render(tmp_path, {"gpu-a": {}}, VIP, PAIR)
+    assert run.returncode == 0, run.stdout[-3000:]
+    conf = (tmp_path / "keepalived.conf").read_text()
+    lines = [line.strip() for line in conf.splitlines()]
+    for line in ("state BACKUP", "nopreempt", "interface bond0", "virtual_router_id 51", "priority 200",
+                 "unicast_src_ip 10.0.0.11", "10.0.0.12", "check_unicast_src", "10.0.0.100/32 dev bond0",
+                 'script "/usr/bin/curl --fail --silent --max-time 1 --output /dev/null '
+                 'http://127.0.0.1:80/balancer-health"',
+                 'notify "/usr/local/sbin/balancer-vrrp-state /run/keepalived/vllm-fleet.state"'):
+        assert line in lines, line
+    assert "monitor-uri /balancer-health" in (tmp_path / "haproxy.cfg").read_text()
+    # The second balancer gets the next priority down.
+    run = run_render(tmp_path, {"gpu-a": {}}, VIP, {"lb-0": {"balancer_vrrp_address": "10.0.0.10"}, **PAIR})
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "priority 190" in (tmp_path / "keepalived.conf").read_text()
+
+
+def test_without_a_vip_nothing_of_it_is_rendered(tmp_path):
+    render(tmp_path, {"gpu-a": {}})
+    assert not (tmp_path / "keepalived.conf").exists()
+    assert "monitor-uri" not in (tmp_path / "haproxy.cfg").read_text()
+
+
+def test_every_vip_setting_that_is_not_its_kind_is_refused_naming_it(tmp_path):
+    hostile = {"balancer_vip": "10.0.0.100" + INJECTION, "balancer_vip_interface": "eth0 peer",
+               "balancer_vrrp_router_id": 256, "balancer_vrrp_priority": 255, "balancer_vip_prefix": 33,
+               "balancer_monitor_uri": "/ok" + INJECTION, "balancer_vrrp_advert_int": 0, "balancer_bind": ["10.0.0.5:80"]}
+    run = run_render(tmp_path, {"gpu-a": {}}, hostile, PAIR)
+    assert run.returncode != 0
+    assert not (tmp_path / "haproxy.cfg").exists()
+    message = run.stdout + run.stderr
+    for name in hostile:
+        assert re.search(r"\b%s\b" % name, message), "%s not named in: %s" % (name, message[-3000:])
+    assert "listen on every address" in message
+
+
+def test_a_vip_needs_two_balancers_each_with_a_known_address(tmp_path):
+    run = run_render(tmp_path, {"gpu-a": {}}, VIP, {"localhost": PAIR["localhost"]})
+    assert run.returncode != 0 and "balancer_vip needs two or more balancers" in run.stdout
+    run = run_render(tmp_path, {"gpu-a": {}}, VIP, {"localhost": PAIR["localhost"], "lb-2": {}})
+    assert run.returncode != 0 and "the VRRP address of lb-2 must be an IPv4 address" in run.stdout, run.stdout[-2000:]
+    run = run_render(tmp_path, {"gpu-a": {}}, VIP, {"localhost": PAIR["localhost"],
+                                                     "lb-2": {"balancer_vrrp_address": "10.0.0.12 10.0.0.66"}})
+    assert run.returncode != 0 and "the VRRP address of lb-2 must be an IPv4 address" in run.stdout
+

@@ -4,7 +4,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from fleet_inventory import fleet_address, fleet_servers
-from fleet_render import (env_file, fleet_invalid, haproxy_word, systemd_comment, systemd_environment, systemd_exec,
+from fleet_render import (env_file, fleet_invalid, haproxy_word, keepalived_word, systemd_comment, systemd_environment, systemd_exec,
                           systemd_value)
 
 HOSTILE = ["ends with \\", '"leading quote', "back\\\\slashes\\n", "  spaced  ", "$HOME and ${PATH}", "100%i", "`id`"]
@@ -93,6 +93,20 @@ def test_haproxy_kinds(kind):
         assert len(problems) == 1 and problems[0].startswith("lb-1: balancer_x "), (value, problems)
     with pytest.raises(AnsibleFilterError, match=r"unknown kind 'url' for balancer_x"):
         haproxy_word("/x", "balancer_x", "url")
+
+
+@pytest.mark.parametrize("kind,good,bad", [
+    ("ipv4", ["10.0.0.100", "198.18.231.250", "0.0.0.0"], ["10.0.0.256", "10.0.0", "10.0.0.1/24", "10.0.0.1 x", "::1"]),
+    ("ifname", ["eth0", "bond0.100", "enp1s0f0np0"], ["eth0 x", "a" * 16, "", "eth0#"]),
+    ("word", ["http://127.0.0.1:80/balancer-health", "/run/keepalived/x.state"], ["a b", "a#b", "a!b", 'a"b', ""]),
+])
+def test_keepalived_kinds(kind, good, bad):
+    for value in good:
+        assert keepalived_word(value, "v", kind) == value
+    for value in bad:
+        with pytest.raises(AnsibleFilterError, match="v"):
+            keepalived_word(value, "v", kind)
+    assert fleet_invalid(bad, kind="keepalived_" + kind, label="x") and not fleet_invalid(good, kind="keepalived_" + kind)
 
 
 def test_fleet_invalid_names_the_variable_and_hides_secrets():

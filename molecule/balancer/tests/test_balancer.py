@@ -181,7 +181,9 @@ def test_status_gives_every_server_and_the_other_up_count(tmp_path):
     assert set(entries) == {B1, B2}
     assert all(s["state"] == "UP" and s["admin"] == "ready" for s in entries.values())
     assert {"scur", "qcur", "status", "check_status"} <= set(entries[B1])
-    assert doc["balancer_status_other_up"] == {LB: 1} and doc["balancer_status_other_up_min"] == 1
+    assert doc["balancer_status_other_up"] == {LB: 1, "balancer-2": 1} and doc["balancer_status_other_up_min"] == 1
+    # Two balancers sharing a VIP (group_vars/vip.yml): one holds it.
+    assert len(doc["balancer_vip_holders"]) == 1 and "VIP 198.18.231.250 on balancer-" in proc.stdout
 
 
 def test_drain_waits_for_sessions_then_maint_while_traffic_goes_elsewhere():
