@@ -30,7 +30,7 @@ LOADS = {}  # load reports by test, for the side-by-side comparison
 
 def server_states():
     """{server: UP | DOWN | MAINT} as balancer-1's admin socket reports them."""
-    out = sh("balancer-1", "echo 'show servers state vllm' | socat stdio /run/haproxy/admin.sock").stdout
+    out = balancer("show servers state vllm")
     states = {}
     for line in out.splitlines()[2:]:
         f = line.split()
@@ -386,7 +386,8 @@ def test_6c_loadtest_fails_a_plan_whose_kv_cache_cannot_hold_max_num_seqs():
     test fails it naming max_num_seqs, the sizing filter's plan at the held concurrency is the fix, and the host
     stays out of rotation."""
     small = with_host_vars("vllm-3", {
-        "vllm_workload": {"p99_context": 1024},
+        # max_context: requests may be longer than the p99 (test_6d sends such), up to 2048 tokens.
+        "vllm_workload": {"p99_context": 1024, "max_context": 2048},
         "vllm_policy": {"enforce_eager": True, "block_size": 128, "max_num_seqs": 8},
         "vllm_serve_options": {"dtype": "float16", "num_gpu_blocks_override": 40},
         # The calibration key does not tell a pinned KV cache apart: keep this start out of the store.
@@ -418,10 +419,11 @@ def test_6c_loadtest_fails_a_plan_whose_kv_cache_cannot_hold_max_num_seqs():
 
 
 PINNED = {}
-# 6 clients of requests longer than vllm-3's p99 context of 1024: 700 prompt tokens and 700 generated (ignore_eos),
-# 11 blocks of 128 each: 4 of them (the plan's concurrency_limit at 1024 tokens, 8 blocks) need 44 of its 40 blocks
-# as they grow, so vLLM preempts; 2 need 22.
-LONG = {"clients": 6, "prompt": "word " * 700, "max_tokens": "700", "extra_body": {"ignore_eos": True}}
+# 6 clients of requests longer than vllm-3's p99 context of 1024 (and within its max_model_len, its workload's
+# max_context of 2048): 900 prompt tokens and 1100 generated (ignore_eos), 16 blocks of 128 each. 4 of them (the
+# plan's concurrency_limit at 1024 tokens, 8 blocks) outgrow its 40 blocks even started apart, so vLLM preempts;
+# 2 need 32.
+LONG = {"clients": 6, "prompt": "word " * 900, "max_tokens": "1100", "extra_body": {"ignore_eos": True}}
 
 
 def test_6d_the_valve_eases_a_server_under_real_pressure_and_brings_it_back(tmp_path):
@@ -473,16 +475,21 @@ def test_6d_the_valve_eases_a_server_under_real_pressure_and_brings_it_back(tmp_
               f"{collections.Counter(r.get('status') for r in records if not r['ok'])}\n{journal}")
         assert "valve: limit 4 -> 2: " in journal and "preemptions" in journal
         assert after == before  # the engine no longer preempts at the eased limit
-        assert "valve: limit 2 -> 4: calm for" in journal and back
+        # Back to the plan by calm steps (the in-flight requests may have preempted once more after the first
+        # halving, before the engine held no more than the new limit: halved again after the cooldown).
+        assert re.search(r"valve: limit \d+ -> 4: calm for", journal) and back
         assert all(r["ok"] or r.get("status") == 503 for r in records) and sum(r["ok"] for r in records) > 0
 
         # A runtime OOM, as vllm-oom-counter reads it: vLLM's lines in the unit's journal (OBJECT_PID: journald
         # files them under the unit of that process, as it does vLLM's own).
         pid = unit_props(host, UNIT, "MainPID")["MainPID"]
         fixture = os.path.join(PROJECT, "tests", "fixtures", "vllm-logs", "club-3090-16-hint-not-fragmentation.log")
-        subprocess.run(["docker", "cp", fixture, f"{host}:/tmp/oom.log"], check=True, capture_output=True)
-        sh(host, "grep -v '^# ' /tmp/oom.log | while IFS= read -r line; do printf 'MESSAGE=%s\\nOBJECT_PID=%s\\n"
-                 f"SYSLOG_IDENTIFIER=vllm\\n' \"$line\" {pid} | logger --journald; done")
+        # On stdin: `docker cp` into the host's /tmp lands under its tmpfs, where nothing in the host sees it.
+        with open(fixture) as f:
+            subprocess.run(["docker", "exec", "-i", host, "sh", "-c",
+                            "grep -v '^# ' | while IFS= read -r line; do printf 'MESSAGE=%s\\nOBJECT_PID=%s\\n"
+                            f"SYSLOG_IDENTIFIER=vllm\\n' \"$line\" {pid} | logger --journald; done"],
+                           stdin=f, check=True, capture_output=True)
         sh(host, "systemctl start vllm-oom-counter.service")
         wait_until(lambda: limit() == 2, 30, 0.5, "the valve to halve the limit after a runtime OOM")
         assert "1 runtime OOM" in watchdog_journal(host, since)
@@ -496,6 +503,8 @@ def test_6d_the_valve_eases_a_server_under_real_pressure_and_brings_it_back(tmp_
     finally:
         for other in others:
             balancer(f"set server vllm/{other} state ready")
+        if '"main"' in sh(host, "cat /var/lib/vllm-fleet/server-limits.json 2>/dev/null").stdout:  # failed midway
+            playbook("playbooks/server_limit.yml", "-e", f"target={host}", "-e", "maxconn=plan")
         roll = restore_host(host, PINNED.pop(host))
     assert roll.returncode == 0, roll.stdout[-3000:]
     # The restart starts again from the new plan's limit, whatever the valve had eased the old one to.
@@ -723,7 +732,8 @@ def test_11_busy_servers_are_left_alone_and_a_wedge_without_capacity_waits(tmp_p
         engine_core("vllm-1", "STOP")
         time.sleep(2)
         engine_core("vllm-2", "STOP")
-        wait_until(lambda: server_states().get("vllm-1-main") == server_states().get("vllm-2-main") == "DOWN", 20,
+        # Idle engines: each watchdog knows only when its next probe (vllm_watchdog_probe_interval) gets no answer.
+        wait_until(lambda: server_states().get("vllm-1-main") == server_states().get("vllm-2-main") == "DOWN", 30,
                    0.5, "both wedged servers out of rotation")
         needed = list(server_states().values()).count("UP") + 1
         run = playbook("playbooks/watchdog.yml", "-e", f"rolling_restart_min_healthy={needed}")
@@ -753,7 +763,9 @@ PLAN_LIMIT = 8  # the fleet's plans: p99 2048, peak 8 on the stand-in A10G: conc
 
 
 def balancer(cmd):
-    return sh("balancer-1", f"echo '{cmd}' | socat stdio /run/haproxy/admin.sock").stdout
+    # socat's default gives HAProxy 0.5 s to answer after the command is sent: under load it may answer later, and
+    # the reply would be cut.
+    return sh("balancer-1", f"echo '{cmd}' | socat -t 5 - UNIX-CONNECT:/run/haproxy/admin.sock").stdout
 
 
 def haproxy_rows():
@@ -829,9 +841,13 @@ def test_13_an_overloaded_fleet_queues_in_haproxy_and_no_server_holds_more_than_
     (running + waiting) than its plan's limit, HAProxy's queue holds the rest, requests that wait longer than the
     queue timeout get 503 at once, nothing else fails. Then the same load without the limits (the watchdogs stopped,
     maxconn 0), for the figures side by side."""
-    hosts = [s[:-len("-main")] for s in server_states()]
+    hosts = VLLM_HOSTS
+    # vllm-4 (test_7) runs another plan: out of rotation here, so that every server has the same limit.
+    extra = [s for s in server_states() if s[:-len("-main")] not in hosts]
+    for server in extra:
+        balancer(f"set server vllm/{server} state maint")
     slots = PLAN_LIMIT * len(hosts)
-    assert {r["slim"] for name, r in haproxy_rows().items() if name != "BACKEND"} == {str(PLAN_LIMIT)}
+    assert {r["slim"] for name, r in haproxy_rows().items() if name[:-len("-main")] in hosts} == {str(PLAN_LIMIT)}
     body = {"clients": 5 * slots, "seconds": 20, "max_tokens": "32", "extra_body": {"ignore_eos": True}}
     balancer("clear counters")
     with Engines(hosts) as limited:
@@ -852,8 +868,10 @@ def test_13_an_overloaded_fleet_queues_in_haproxy_and_no_server_holds_more_than_
     finally:
         for host in hosts:
             sh(host, "systemctl start vllm-watchdog")
-    wait_until(lambda: {r["slim"] for name, r in haproxy_rows().items() if name != "BACKEND"} == {str(PLAN_LIMIT)},
-               20, 0.5, "every server's limit back from its agent")
+        for server in extra:
+            balancer(f"set server vllm/{server} state ready")
+    wait_until(lambda: {r["slim"] for name, r in haproxy_rows().items() if name[:-len("-main")] in hosts}
+               == {str(PLAN_LIMIT)}, 20, 0.5, "every server's limit back from its agent")
     print(f"\n{body['clients']} clients on {slots} planned slots for {body['seconds']} s:\n"
           f"  with the limits:    {with_limits}\n  without the limits: {without}")
     assert with_limits["most held by a server"] <= PLAN_LIMIT, limited.held()
