@@ -166,12 +166,14 @@ def test_an_application_xid_is_counted_and_a_fatal_one_quarantines_the_gpu_and_s
             'cause="Xid 119, reset (RESET_GPU)"} 1') in prom
     assert 'nvidia_gpu_faults_total{gpu="0",fault="Xid 13",class="application"} 1' in prom
     # The unit's ExecCondition refuses to start on it; GPU 0 is fine.
+    # (Its nvidia-smi reader, installed next to it on a host, is this role's module_utils.)
     helper = ROOT / "roles" / "vllm" / "files" / "vllm-unit-helper"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "roles" / "nvidia_gpu" / "module_utils"))
     refused = subprocess.run([sys.executable, str(helper), "gpus-healthy", "--state", str(host / "state" / "state.json"),
-                              "--gpus", "1"], capture_output=True, text=True, check=False)
+                              "--gpus", "1"], capture_output=True, text=True, check=False, env=env)
     assert refused.returncode == 1 and "GPU 1 is quarantined (needs a reset: Xid 119" in refused.stderr
     assert subprocess.run([sys.executable, str(helper), "gpus-healthy", "--state",
-                           str(host / "state" / "state.json"), "--gpus", "0"], check=False).returncode == 0
+                           str(host / "state" / "state.json"), "--gpus", "0"], check=False, env=env).returncode == 0
     # A new agent (a restart) reads the log again from its start and does not count or act twice.
     again = daemon.Health(json.loads((host / "config.json").read_text()))
     again.cycle()

@@ -12,8 +12,12 @@ STANDIN = os.path.join(ROOT, "tests", "fixtures", "nvidia-smi")
 GPUS = os.path.join(ROOT, "tests", "fixtures", "gpus")
 
 
+# On a host the role installs the nvidia_gpu role's nvidia-smi reader next to the helper.
+MODULE_UTILS = os.path.join(ROOT, "roles", "nvidia_gpu", "module_utils")
+
+
 def run(*args, fixture="h100-8.json", env=None):
-    env = dict(os.environ, NVIDIA_SMI_STANDIN=os.path.join(GPUS, fixture), **(env or {}))
+    env = dict(os.environ, NVIDIA_SMI_STANDIN=os.path.join(GPUS, fixture), PYTHONPATH=MODULE_UTILS, **(env or {}))
     return subprocess.run([sys.executable, HELPER, *args], capture_output=True, text=True, env=env, timeout=60,
                           check=False)
 
@@ -28,6 +32,13 @@ def test_gpu_free_times_out_naming_the_holders():
     out = run("gpu-free", "--nvidia-smi=" + STANDIN, "--timeout=2", env={"CUDA_VISIBLE_DEVICES": "0,7"})
     assert out.returncode == 1
     assert "GPU(s) 0,7 still in use after 2s" in out.stderr and "pid 30412" in out.stderr
+
+
+def test_gpu_free_reads_a_process_name_holding_a_comma():
+    # odd-names.json: GPU 1 is held by "/srv/models/run, v2/python3"; the helper used to die unpacking that row.
+    out = run("gpu-free", "--nvidia-smi=" + STANDIN, "--timeout=1", "--gpus=1", fixture="odd-names.json")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "pid 777 (/srv/models/run, v2/python3) holds 1024 MiB" in out.stderr, out.stderr
 
 
 def test_gpu_free_fails_clearly_when_the_driver_is_not_loaded():

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The one reader of nvidia-smi's CSV output (--query-*=... --format=csv[,noheader][,nounits]): its rows, its
 placeholders, and the queries of the GPUs' PCI addresses and remapped rows. Used by the nvidia_gpu_facts module and
-by nvidia-gpu-health (files/, which gets a copy next to it)."""
+by nvidia-gpu-health (files/) and the vllm role's vllm-unit-helper, which each get it installed next to them."""
 from __future__ import annotations
 
 import csv
