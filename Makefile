@@ -9,9 +9,14 @@ export VLLM_FLEET_PROMETHEUS_TOOLS ?= $(VLLM_FLEET_CACHE)/prometheus-tools
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PLAYBOOKS := $(wildcard playbooks/*.yml)
-SCENARIOS := balancer schedule driver fleet
+# The scenarios that mostly wait on apt, dpkg and systemd run beside the oracle (CPU-bound, two vLLM starts at a time);
+# those that time traffic (the balancer's failover, the fleet) run after it, alone.
+BESIDE_ORACLE := schedule driver
+ALONE := balancer fleet
+SCENARIOS := $(BESIDE_ORACLE) $(ALONE)
 
 .PHONY: help venv host image wheelhouse controller-vllm oracle-vllm vllm-source models controller-check fleet-deps prometheus-tools lint unit check oracle molecule \
+	scenarios-beside-oracle scenarios-alone \
 	test demo bench clean
 
 help:
@@ -71,8 +76,16 @@ oracle: venv controller-check oracle-vllm
 	$(BIN)/pytest tests/oracle -q -m oracle
 molecule: venv fleet-deps
 	for s in $(SCENARIOS); do $(BIN)/molecule test -s $$s || exit 1; done
+scenarios-beside-oracle: venv fleet-deps
+	for s in $(BESIDE_ORACLE); do $(BIN)/molecule test -s $$s || exit 1; done
+# Run by test after scenarios-beside-oracle, whose prerequisites (fleet-deps) it shares: not built twice.
+scenarios-alone:
+	for s in $(ALONE); do $(BIN)/molecule test -s $$s || exit 1; done
 
-test: check oracle molecule
+# check, then the oracle beside the light scenarios (each one's output whole when it ends), then the heavy ones.
+test: check
+	$(MAKE) --no-print-directory -j2 --output-sync=target oracle scenarios-beside-oracle
+	$(MAKE) --no-print-directory scenarios-alone
 
 demo: venv fleet-deps
 	bash scripts/demo.sh
