@@ -74,13 +74,15 @@ check: lint unit
 
 oracle: venv controller-check oracle-vllm
 	$(BIN)/pytest tests/oracle -q -m oracle
+# A failed scenario's destroy ends its output: the names of its failed tests are printed after it.
+SCENARIO_TEST = rm -f reports/junit/$$s.xml; $(BIN)/molecule test -s $$s || { $(BIN)/python scripts/test_failures.py reports/junit/$$s.xml; exit 1; }
 molecule: venv fleet-deps
-	for s in $(SCENARIOS); do $(BIN)/molecule test -s $$s || exit 1; done
+	for s in $(SCENARIOS); do $(SCENARIO_TEST); done
 scenarios-beside-oracle: venv fleet-deps
-	for s in $(BESIDE_ORACLE); do $(BIN)/molecule test -s $$s || exit 1; done
+	for s in $(BESIDE_ORACLE); do $(SCENARIO_TEST); done
 # Run by test after scenarios-beside-oracle, whose prerequisites (fleet-deps) it shares: not built twice.
 scenarios-alone:
-	for s in $(ALONE); do $(BIN)/molecule test -s $$s || exit 1; done
+	for s in $(ALONE); do $(SCENARIO_TEST); done
 
 # check, then the oracle beside the light scenarios (each one's output whole when it ends), then the heavy ones.
 test: check
