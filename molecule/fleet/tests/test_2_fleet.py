@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.parse
 
-from fleet import API_KEY, INVENTORY, PROJECT, Load, http, playbook, sh, unit_props, wait_until
+from fleet import API_KEY, INVENTORY, PROJECT, VLLM_VARS, Load, http, playbook, sh, unit_props, wait_until
 
 VLLM_HOSTS = ["vllm-1", "vllm-2", "vllm-3"]
 UNIT = "vllm@main.service"
@@ -669,6 +669,11 @@ def watchdog_journal(host, since):
     return sh(host, f"journalctl -t vllm-watchdog --since '{since}' --no-pager -o cat").stdout
 
 
+# An engine wedged between requests shows no request running (its gauges stop with it): only a probe tells, after
+# probe_interval without progress and probe_timeout without an answer; HAProxy's next agent check (1 s) acts on it.
+WEDGE_SEEN_WITHIN = VLLM_VARS["vllm_watchdog_probe_interval"] + VLLM_VARS["vllm_watchdog_probe_timeout"] + 3
+
+
 def test_10_a_wedged_engine_leaves_rotation_within_seconds_and_the_watchdog_restarts_it(tmp_path):
     """SIGSTOP on one backend's EngineCore under load: /health stays 200, but its watchdog says "down" to HAProxy's
     agent-check; playbooks/watchdog.yml restarts it through the roll's runbook and it comes back UP. Only requests
@@ -681,7 +686,8 @@ def test_10_a_wedged_engine_leaves_rotation_within_seconds_and_the_watchdog_rest
         with Load(str(tmp_path), "wedge") as load:
             engine_core(host, "STOP")
             stopped = time.time()
-            wait_until(lambda: server_states().get(server) == "DOWN", 10, 0.5, "HAProxy to take the wedged server out")
+            wait_until(lambda: server_states().get(server) == "DOWN", WEDGE_SEEN_WITHIN, 0.5,
+                       "HAProxy to take the wedged server out")
             out = time.time()
             assert healthy(host)  # the blind spot: /health still 200
             reply = agent(host)

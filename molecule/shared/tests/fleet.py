@@ -6,9 +6,13 @@ import subprocess
 import sys
 import time
 
+import yaml
+
 PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY", os.path.abspath(os.path.join(__file__, "../../../..")))
 INVENTORY = os.environ.get("MOLECULE_INVENTORY_FILE", "")
 API_KEY = 'k3y\\with "quotes" $HOME %i and spaces'  # molecule/shared/inventory/group_vars/vllm.yml
+with open(os.path.join(PROJECT, "molecule", "shared", "inventory", "group_vars", "vllm.yml")) as _f:
+    VLLM_VARS = yaml.safe_load(_f)  # the test fleet's settings, for bounds that follow from them
 
 
 def sh(host, cmd, check=True, timeout=120):
@@ -81,11 +85,11 @@ class Load:
     def __enter__(self):
         self.proc = subprocess.Popen(self.cmd, env=dict(os.environ, LOADGEN_API_KEY=API_KEY),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        time.sleep(5)  # traffic flowing before the action starts
+        time.sleep(3)  # traffic flowing before the action starts
         return self
 
     def __exit__(self, *exc):
-        time.sleep(5)  # and still flowing after it
+        time.sleep(3)  # and still flowing after it
         open(self.stop, "w").close()
         out, _ = self.proc.communicate(timeout=120)
         with open(self.report_file) as f:
