@@ -68,3 +68,40 @@ def test_a_second_run_is_refused_naming_the_holder(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_each_step_of_a_host_out_of_rotation_is_in_the_journal_until_it_is_back(tmp_path):
+    """The role's event.yml, as the runbook calls it: nothing before the drain, the step at each step (numbers and
+    booleans as such, for the next run), the entry gone once the host is enabled."""
+    journal = tmp_path / "journal"
+    steps = [{"ansible.builtin.include_role": {"name": "rolling_restart", "tasks_from": "event"},
+              "vars": {"rolling_restart_state": state}} for state in ("draining", "stopped")]
+    check = {"ansible.builtin.set_fact": {"seen": "{{ lookup('ansible.builtin.file', '%s/gpu-a.json') | from_json }}"
+                                          % journal}}
+    book = tmp_path / "steps.yml"
+    book.write_text(json.dumps([{"hosts": "gpu-a", "gather_facts": False, "tasks": [
+        {"ansible.builtin.set_fact": {"rolling_restart_events": [{"time": 1765000000.0, "host": "gpu-a",
+                                                                  "state": "start"}]}},
+        *steps, check,
+        {"ansible.builtin.copy": {"content": "{{ seen | to_json }}", "dest": str(tmp_path / "seen.json"),
+                                  "mode": "0600"}},
+        {"ansible.builtin.include_role": {"name": "rolling_restart", "tasks_from": "event"},
+         "vars": {"rolling_restart_state": "enabled"}}]}]))
+    inventory = tmp_path / "hosts.json"
+    inventory.write_text(json.dumps({"all": {"hosts": {
+        "localhost": {"ansible_connection": "local", "ansible_python_interpreter": PYTHON},
+        "gpu-a": {"ansible_connection": "local", "ansible_python_interpreter": PYTHON}}}}))
+    out = subprocess.run(
+        [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", str(inventory), str(book),
+         "-e", json.dumps({"rolling_restart_journal_dir": str(journal), "rolling_restart_run_dir": "/r",
+                           "rolling_restart_apply_config": "yes"})],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+                 ANSIBLE_ROLES_PATH=os.path.join(ROOT, "roles")))
+    assert out.returncode == 0, out.stdout[-3000:]
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["host"] == "gpu-a" and seen["step"] == "stopped" and seen["steps"] == ["start", "draining", "stopped"]
+    assert isinstance(seen["since"], float) and seen["at"] >= seen["since"] > 1765000000.0
+    assert seen["options"] == {"apply_config": True, "apply_driver": False, "loadtest": False}
+    assert seen["run_dir"] == "/r" and seen["error"] == ""
+    assert os.listdir(journal) == []
