@@ -84,8 +84,12 @@ scenarios-beside-oracle: venv fleet-deps
 scenarios-alone:
 	for s in $(ALONE); do $(SCENARIO_TEST); done
 
-# check, then the oracle beside the light scenarios (each one's output whole when it ends), then the heavy ones.
-test: check
+# On a fresh machine, what the scenarios need (image, wheelhouse, vLLM venvs, models: downloads and disk) is built
+# beside lint and unit tests (CPU); the host's packages first and alone, as two apt-get runs cannot share apt's lock.
+# Then the oracle beside the light scenarios (each one's output whole when it ends), then the heavy ones.
+test:
+	$(MAKE) --no-print-directory host
+	$(MAKE) --no-print-directory -j2 --output-sync=target check fleet-deps oracle-vllm
 	$(MAKE) --no-print-directory -j2 --output-sync=target oracle scenarios-beside-oracle
 	$(MAKE) --no-print-directory scenarios-alone
 
