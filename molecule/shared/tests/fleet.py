@@ -71,8 +71,9 @@ class Load:
     # Light by default: each CPU-build worker busy-polls for work for 1 s after every step (vLLM's shm queue), so
     # a request to every server more than about once a second keeps them all spinning and starves a restarting
     # host on two cores. Measured here, one host's restart under 2 clients: 35 s without load, 48 s with a 1.5 s
-    # pause (1.3 requests/s), 101-106 s with a 1.0 s pause (1.8 requests/s).
-    def __init__(self, workdir, name, clients=2, streaming=1, pause=1.5, url="http://127.0.0.1:18080/v1/completions"):
+    # pause (1.3 requests/s), 101-106 s with a 1.0 s pause (1.8 requests/s); under the 1.5 s pause each of two
+    # serving workers still took 55 % of a core. A 3 s pause still sends a request every second or two.
+    def __init__(self, workdir, name, clients=2, streaming=1, pause=3, url="http://127.0.0.1:18080/v1/completions"):
         self.stop = os.path.join(workdir, f"{name}.stop")
         self.report_file = os.path.join(workdir, f"{name}.json")
         self.events_file = os.path.join(workdir, f"{name}.jsonl")
