@@ -16,11 +16,16 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 
-def write(directory, host, record):
-    """Replace <directory>/<host>.json by the record, atomically: a run killed mid-write leaves the old entry or the
+def entry(directory, host):
+    """The journal file of a host: <directory>/<host>.json (roll_lock reads every *.json there)."""
+    return os.path.join(directory, host + ".json")
+
+
+def write(path, record):
+    """Replace the entry at path by the record, atomically: a run killed mid-write leaves the old entry or the
     new one, never half of one. True when the file changed."""
+    directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    path = os.path.join(directory, host + ".json")
     text = json.dumps(record, indent=4, sort_keys=True) + "\n"
     try:
         with open(path) as handle:
@@ -28,7 +33,7 @@ def write(directory, host, record):
                 return False
     except OSError:
         pass
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + host + ".")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".")
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
@@ -40,10 +45,10 @@ def write(directory, host, record):
     return True
 
 
-def forget(directory, host):
-    """Remove <directory>/<host>.json. True when there was one."""
+def forget(path):
+    """Remove the entry at path. True when there was one."""
     try:
-        os.unlink(os.path.join(directory, host + ".json"))
+        os.unlink(path)
     except FileNotFoundError:
         return False
     return True
@@ -63,14 +68,13 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail("roll_journal: host must be an inventory hostname, got %r" % (host,))
         if state not in ("present", "absent"):
             raise AnsibleActionFail("roll_journal: state must be present or absent, got %r" % (state,))
-        path = os.path.join(directory, host + ".json")
-        result["path"] = path
+        path = result["path"] = entry(directory, host)
         if state == "absent":
-            result["changed"] = os.path.exists(path) if self._task.check_mode else forget(directory, host)
+            result["changed"] = os.path.exists(path) if self._task.check_mode else forget(path)
             return result
         record = args.get("record")
         if not isinstance(record, dict) or record.get("host") != host:
             raise AnsibleActionFail("roll_journal: record must be a dict whose host is %r" % host)
         # Check mode drains nothing, so there is nothing to record.
-        result["changed"] = True if self._task.check_mode else write(directory, host, record)
+        result["changed"] = True if self._task.check_mode else write(path, record)
         return result
