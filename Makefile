@@ -100,6 +100,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_sizing.py
 	$(BIN)/python benchmarks/bench_budget.py
 	$(BIN)/python benchmarks/bench_calibration.py
+	$(BIN)/python benchmarks/bench_controller.py
 
 clean:
 	for s in $(SCENARIOS); do $(BIN)/molecule destroy -s $$s || true; done

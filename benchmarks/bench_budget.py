@@ -20,7 +20,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
 import vllm_sizing as vs  # noqa: E402
-import vllm_fleet_sizing as sz  # noqa: E402  (the package vllm_sizing loads)
+sz = vs.package()  # the package behind the filters, every module loaded
 
 LOGS = os.path.join(ROOT, "tests", "fixtures", "startup-logs")
 # Checkpoints with the same config.json shapes as a catalog entry (instruct and base builds).

@@ -17,7 +17,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "filter_plugins"))
 from ansible.errors import AnsibleFilterError  # noqa: E402
 import vllm_sizing as vs  # noqa: E402
-import vllm_fleet_sizing as sz  # noqa: E402  (the package vllm_sizing loads)
+sz = vs.package()  # the package behind the filters, every module loaded
 
 GPUS = [("NVIDIA A10G", 23028, "8.6"), ("NVIDIA L4", 23034, "8.9"), ("NVIDIA L40S", 46068, "8.9"),
         ("NVIDIA A100-SXM4-40GB", 40960, "8.0"), ("NVIDIA A100-SXM4-80GB", 81920, "8.0"),

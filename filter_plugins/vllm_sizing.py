@@ -8,8 +8,8 @@ vllm_max_model_len.yml, vllm_serve_args.yml, vllm_model.yml, vllm_calibration_ke
 NAME` shows it. The
 implementation is the package plugin_utils/vllm_sizing/ of this checkout, one concern per module (see its
 __init__.py): outside filter_plugins/, whose subdirectories Ansible scans for plugins too. Ansible loads filter
-plugins under names of its own, so the package is loaded here by its path, once per process, as `vllm_fleet_sizing`;
-it imports nothing from the rest of the project.
+plugins under names of its own, so the package is loaded here by its path, once per process and only when a filter
+is called, as `vllm_fleet_sizing`; it imports nothing from the rest of the project.
 """
 
 import importlib.util
@@ -31,12 +31,29 @@ def _module(name):
     return importlib.import_module("%s.%s" % (_PACKAGE, name))
 
 
-vllm_kv_cache_bytes = _module("kv").vllm_kv_cache_bytes
-vllm_max_model_len = _module("kv").vllm_max_model_len
-vllm_sizing = _module("plan").vllm_sizing
-vllm_serve_args = _module("flags").vllm_serve_args
-vllm_model = _module("shape").vllm_model
-vllm_calibration_key = _module("calibration").calibration_key
+def package():
+    """The package with every module loaded (tests and benchmarks reach inside it)."""
+    for name in ("kv", "plan", "flags", "shape", "calibration"):
+        _module(name)
+    return sys.modules[_PACKAGE]
+
+
+def _lazy(module, name):
+    """The package's function, imported at its first call: Ansible loads every filter plugin in each worker process
+    that templates a filter (one per host and task), and the package takes about 25 ms to import, which a fleet of
+    1,000 hosts would pay on every task that uses any filter."""
+    def call(*args, **kwargs):
+        return getattr(_module(module), name)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+vllm_kv_cache_bytes = _lazy("kv", "vllm_kv_cache_bytes")
+vllm_max_model_len = _lazy("kv", "vllm_max_model_len")
+vllm_sizing = _lazy("plan", "vllm_sizing")
+vllm_serve_args = _lazy("flags", "vllm_serve_args")
+vllm_model = _lazy("shape", "vllm_model")
+vllm_calibration_key = _lazy("calibration", "calibration_key")
 
 
 class FilterModule(object):

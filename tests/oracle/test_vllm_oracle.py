@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import vllm_sizing as vs  # noqa: E402
-import vllm_fleet_sizing as sz  # noqa: E402  (the package vllm_sizing loads)
+sz = vs.package()  # the package behind the filters, every module loaded
 from check_controller_vllm import free_port, stop  # noqa: E402
 
 pytestmark = pytest.mark.oracle

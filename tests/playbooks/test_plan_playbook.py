@@ -57,9 +57,9 @@ def test_a_measured_start_is_planned_with_and_shown_beside_the_prediction(tmp_pa
     """The calibration store: an entry under the configuration's key (here the CPU build's own startup report of
     tests/fixtures/vllm-logs) makes the next plan use vLLM's KV figure, and the table shows both and the error."""
     sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
-    import vllm_sizing  # noqa: F401  (loads the package)
+    import vllm_sizing
     import vllm_startup_report
-    from vllm_fleet_sizing import calibration
+    calibration = vllm_sizing.package().calibration
 
     def plan():
         return subprocess.run(
@@ -100,9 +100,9 @@ def test_a_load_test_that_held_fewer_sequences_caps_the_next_plan(tmp_path):
     max_num_seqs at the 4 the KV cache held and says so in the table; no start entry is taken from it."""
     sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
     sys.path.insert(0, os.path.join(ROOT, "roles", "vllm", "module_utils"))
-    import vllm_sizing  # noqa: F401  (loads the package)
+    import vllm_sizing
     import vllm_loadtest
-    from vllm_fleet_sizing import calibration
+    calibration = vllm_sizing.package().calibration
 
     def plan():
         return subprocess.run(

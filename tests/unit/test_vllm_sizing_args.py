@@ -7,7 +7,7 @@ from ansible.errors import AnsibleFilterError
 from conftest import ROOT, gpu
 
 import vllm_sizing as vs
-import vllm_fleet_sizing as sz  # the package vllm_sizing loads
+sz = vs.package()  # the package behind the filters, every module loaded
 from vllm_sizing import vllm_kv_cache_bytes, vllm_max_model_len, vllm_model, vllm_serve_args, vllm_sizing
 
 VENV_BIN = os.path.join(ROOT, ".venv", "bin")

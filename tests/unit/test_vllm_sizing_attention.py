@@ -7,8 +7,8 @@ import pytest
 from conftest import gpu
 
 from ansible.errors import AnsibleFilterError
-from vllm_sizing import vllm_kv_cache_bytes, vllm_model, vllm_serve_args, vllm_sizing
-import vllm_fleet_sizing as sz  # the package vllm_sizing loads
+from vllm_sizing import package, vllm_kv_cache_bytes, vllm_model, vllm_serve_args, vllm_sizing
+sz = package()  # the package behind the filters, every module loaded
 
 QWEN3 = vllm_model("Qwen/Qwen3-8B")
 DEEPSEEK = vllm_model("deepseek-ai/DeepSeek-V2-Lite-Chat")

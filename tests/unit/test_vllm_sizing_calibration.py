@@ -9,7 +9,7 @@ from ansible.errors import AnsibleFilterError
 from conftest import ROOT, gpu
 
 import vllm_sizing as vs
-import vllm_fleet_sizing as sz  # the package vllm_sizing loads
+sz = vs.package()  # the package behind the filters, every module loaded
 import vllm_startup_report
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -102,7 +102,7 @@ def test_calibration_key_names_the_configuration():
     assert sz.calibration.calibration_key(plan) == (
         "nvidia-a10g/qwen3-8b/vllm-0.34.0/tp1-pp1-auto-none-kv-auto-b%d-graphs"
         % plan["engine_args"]["max_num_batched_tokens"])
-    assert vs.FilterModule().filters()["vllm_calibration_key"] is sz.calibration.calibration_key
+    assert vs.FilterModule().filters()["vllm_calibration_key"](plan) == sz.calibration.calibration_key(plan)
     with pytest.raises(AnsibleFilterError, match=r"vllm_calibration_key takes a plan from vllm_sizing"):
         sz.calibration.calibration_key({"fits": True})
 

@@ -8,7 +8,7 @@ from ansible.errors import AnsibleFilterError
 from conftest import ROOT, gpu
 
 import vllm_sizing as vs
-import vllm_fleet_sizing as sz  # the package vllm_sizing loads
+sz = vs.package()  # the package behind the filters, every module loaded
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bench_budget  # noqa: E402

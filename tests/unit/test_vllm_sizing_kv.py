@@ -4,8 +4,8 @@ import copy
 import pytest
 
 from ansible.errors import AnsibleFilterError
-from vllm_sizing import vllm_kv_cache_bytes, vllm_max_model_len, vllm_model
-import vllm_fleet_sizing as sz  # the package vllm_sizing loads
+from vllm_sizing import package, vllm_kv_cache_bytes, vllm_max_model_len, vllm_model
+sz = package()  # the package behind the filters, every module loaded
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -3,8 +3,8 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from conftest import gpu
 
-from vllm_sizing import vllm_model, vllm_sizing
-import vllm_fleet_sizing as sz  # the package vllm_sizing loads
+from vllm_sizing import package, vllm_model, vllm_sizing
+sz = package()  # the package behind the filters, every module loaded
 
 GiB = 1 << 30
 QWEN3 = vllm_model("Qwen/Qwen3-8B")
