@@ -4,6 +4,8 @@ The parsers are tested on nvidia-smi output as NVIDIA prints it; the stand-in is
 back with the module's parser (round trip) and by running the whole module against it.
 """
 
+import importlib.machinery
+import importlib.util
 import json
 import os
 import subprocess
@@ -28,6 +30,12 @@ import nvidia_smi  # noqa: E402
 sys.modules.setdefault("ansible.module_utils.nvidia_smi", nvidia_smi)
 
 import nvidia_gpu_facts as m  # noqa: E402
+
+# The action plugin of the same name: declared GPUs and the count check, on the controller.
+_loader = importlib.machinery.SourceFileLoader("nvidia_gpu_facts_action", str(ROLE / "action_plugins" /
+                                                                                  "nvidia_gpu_facts.py"))
+action = importlib.util.module_from_spec(importlib.util.spec_from_loader(_loader.name, _loader))
+_loader.exec_module(action)
 
 A10G = "0, NVIDIA A10G, GPU-5e8f3f2a-2b8e-4c2e-9a43-0c1e6a7b9d01, 23028, 1, 550.144.03, 8.6, [N/A], 0"
 DRIVER_NOT_LOADED = (
@@ -206,7 +214,7 @@ def test_not_installed_message_names_the_variables():
 
 
 def test_declared_count_expands_and_fills_defaults():
-    gpus = m.normalize_declared(
+    gpus = action.normalize_declared(
         [{"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "compute_capability": 9.0, "count": 2}]
     )
     assert gpus == [
@@ -226,7 +234,7 @@ def test_declared_count_expands_and_fills_defaults():
 
 
 def test_declared_keeps_given_values():
-    gpu = m.normalize_declared(
+    gpu = action.normalize_declared(
         [
             {
                 "index": 3,
@@ -256,7 +264,7 @@ def test_declared_keeps_given_values():
 )
 def test_declared_errors(item, expected):
     with pytest.raises(ValueError) as error:
-        m.normalize_declared([item])
+        action.normalize_declared([item])
     assert expected in str(error.value)
     assert "declared[0]" in str(error.value)
 
@@ -411,13 +419,23 @@ def test_module_missing_nvidia_smi(tmp_path):
     assert out["failed"] is True and "driver is not installed" in out["msg"]
 
 
-def test_module_declared(tmp_path):
-    declared = [{"name": "NVIDIA A10G", "memory_total_mib": 23028, "compute_capability": "8.6"}]
-    out = run_module({"declared": declared, "nvidia_smi_path": "/nonexistent"}, tmp_path)
-    assert out["source"] == "declared" and out["nvidia_smi"] is None
-    assert out["ansible_facts"]["nvidia_gpus"][0]["name"] == "NVIDIA A10G"
+def test_module_leaves_declared_gpus_to_the_action(tmp_path):
+    """The module only queries nvidia-smi; declared GPUs never reach the host."""
     out = run_module({"declared": [{"name": "x"}]}, tmp_path)
-    assert out["failed"] is True and "nvidia_gpu_declared is invalid" in out["msg"]
+    assert out["failed"] is True and "Unsupported parameters" in out["msg"] and "declared" in out["msg"]
+
+
+def test_action_and_module_report_the_same_keys():
+    assert action.GPU_KEYS == m.GPU_KEYS and action.MIG_MODES == m.MIG_MODES
+
+
+def test_count_message_names_the_host_and_the_gpus():
+    gpus = action.normalize_declared([{"name": "NVIDIA A10G", "memory_total_mib": 23028, "compute_capability": "8.6",
+                                       "count": 3}])
+    assert action.count_message("gpu-1", gpus, 0) is None and action.count_message("gpu-1", gpus, 3) is None
+    assert action.count_message("gpu-1", gpus, 4) == (
+        "gpu-1 has 3 GPU(s), nvidia_gpu_expected_count is 4: NVIDIA A10G, NVIDIA A10G, NVIDIA A10G.")
+    assert action.count_message("gpu-1", [], 1) == "gpu-1 has 0 GPU(s), nvidia_gpu_expected_count is 1: none."
 
 
 # --- role variables --------------------------------------------------------------------------------------------

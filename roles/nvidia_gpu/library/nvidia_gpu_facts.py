@@ -18,8 +18,9 @@ description:
   - Values nvidia-smi reports as unavailable (C([N/A]), C([Not Supported]), any other bracketed status) become C(null).
   - nvidia-smi does not quote its CSV output. A name that contains C(, ) is still read correctly because every
     other column has a fixed shape.
-  - With O(declared), nvidia-smi is not run at all and the given GPUs are validated and returned instead, so a
-    controller can plan a fleet without touching its hosts (run the task with C(delegate_to=localhost)).
+  - With O(declared), nvidia-smi is not run at all and the given GPUs are validated and returned instead, on the
+    controller (the role's action plugin of the same name): a fleet is planned without touching its hosts.
+  - With O(expected_count), a host with another number of GPUs fails the task (a GPU fell off the bus).
   - Never changes anything on the host.
 version_added: "1.0.0"
 author:
@@ -44,7 +45,16 @@ options:
       - Unknown keys are an error, so a misspelt key does not silently disappear.
     type: list
     elements: dict
+    default: []
+  expected_count:
+    description:
+      - Number of GPUs the host must have; V(0) skips the check.
+    type: int
+    default: 0
 attributes:
+  action:
+    support: full
+    details: The action plugin handles O(declared) and O(expected_count) on the controller.
   check_mode:
     support: full
   diff_mode:
@@ -56,8 +66,9 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Read the GPUs of the host
+- name: Read the GPUs of the host, which must have 8
   nvidia_gpu_facts:
+    expected_count: 8
 
 - name: Use a stand-in nvidia-smi on a test host without a GPU
   nvidia_gpu_facts:
@@ -70,8 +81,6 @@ EXAMPLES = r"""
         memory_total_mib: 81559
         compute_capability: "9.0"
         count: 8
-  delegate_to: localhost
-  become: false
 
 - name: Show the first GPU
   ansible.builtin.debug:
@@ -300,74 +309,6 @@ def parse_process_csv(text):
     ]
 
 
-DECLARED_KEYS = set(GPU_KEYS) | {"count"}
-
-
-def normalize_declared(declared):
-    """Validate GPUs declared in the inventory and return them in the nvidia_gpus shape."""
-    if not isinstance(declared, list):
-        raise ValueError("declared must be a list of GPU dicts, got %s" % type(declared).__name__)
-    gpus = []
-    for position, item in enumerate(declared):
-        where = "declared[%d]" % position
-        if not isinstance(item, dict):
-            raise ValueError("%s must be a dict, got %r" % (where, item))
-        unknown = sorted(set(item) - DECLARED_KEYS)
-        if unknown:
-            raise ValueError("%s has unknown keys %s (allowed: %s)" % (where, unknown, sorted(DECLARED_KEYS)))
-        missing = [key for key in ("name", "memory_total_mib", "compute_capability") if item.get(key) is None]
-        if missing:
-            raise ValueError("%s lacks %s" % (where, ", ".join(missing)))
-        count = item.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError("%s: count must be an integer >= 1, got %r" % (where, count))
-        if count > 1 and (item.get("uuid") is not None or item.get("index") is not None):
-            raise ValueError("%s: count cannot be combined with uuid or index" % where)
-        cc = str(item["compute_capability"])
-        if not _CC_RE.match(cc):
-            raise ValueError(
-                "%s: compute_capability must look like \"8.6\", got %r" % (where, item["compute_capability"])
-            )
-        mig = item.get("mig_mode", "Disabled")
-        if mig is not None:
-            mig = MIG_MODES.get(str(mig).lower())
-            if mig is None:
-                raise ValueError("%s: mig_mode must be Enabled, Disabled or null, got %r" % (where, item["mig_mode"]))
-        for _ in range(count):
-            gpus.append(
-                {
-                    "index": _declared_int(item.get("index", len(gpus)), where, "index", nullable=False),
-                    "name": str(item["name"]),
-                    "uuid": None if item.get("uuid") is None else str(item["uuid"]),
-                    "memory_total_mib": _declared_int(item["memory_total_mib"], where, "memory_total_mib"),
-                    "memory_used_mib": _declared_int(item.get("memory_used_mib"), where, "memory_used_mib"),
-                    "driver_version": None if item.get("driver_version") is None else str(item["driver_version"]),
-                    "compute_capability": cc,
-                    "mig_mode": mig,
-                    "minor_number": _declared_int(item.get("minor_number"), where, "minor_number"),
-                }
-            )
-    gpus.sort(key=lambda gpu: gpu["index"])
-    indexes = [gpu["index"] for gpu in gpus]
-    if len(set(indexes)) != len(indexes):
-        raise ValueError("declared GPUs have duplicate indexes: %s" % indexes)
-    return gpus
-
-
-def _declared_int(value, where, key, nullable=True):
-    if value is None and nullable:
-        return None
-    if isinstance(value, bool):
-        raise ValueError("%s: %s must be an integer, got %r" % (where, key, value))
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise ValueError("%s: %s must be an integer, got %r" % (where, key, value))
-    if number < 0:
-        raise ValueError("%s: %s must not be negative, got %r" % (where, key, value))
-    return number
-
-
 def gpu_query_command(nvidia_smi):
     return [nvidia_smi, "--query-gpu=" + ",".join(GPU_QUERY_FIELDS), CSV_FORMAT]
 
@@ -423,22 +364,9 @@ def main():
         argument_spec=dict(
             nvidia_smi_path=dict(type="str", default="nvidia-smi"),
             query_processes=dict(type="bool", default=True),
-            declared=dict(type="list", elements="dict"),
         ),
         supports_check_mode=True,
     )
-
-    if module.params["declared"] is not None:
-        try:
-            gpus = normalize_declared(module.params["declared"])
-        except ValueError as exc:
-            module.fail_json(msg="nvidia_gpu_declared is invalid: %s" % exc)
-        module.exit_json(
-            changed=False,
-            source="declared",
-            nvidia_smi=None,
-            ansible_facts=dict(nvidia_gpus=gpus, nvidia_gpu_processes=[]),
-        )
 
     name = module.params["nvidia_smi_path"]
     nvidia_smi = resolve_nvidia_smi(module, name)
