@@ -136,3 +136,62 @@ def test_a_load_test_that_held_fewer_sequences_caps_the_next_plan(tmp_path):
     assert calibration.calibration_key(capped) == key
     row = next(line for line in after.stdout.splitlines() if "a10g-qwen3" in line and " main " in line)
     assert "fits (seqs capped: the load test on a10g-qwen3 held 4, the estimate allowed 8)" in row
+
+
+def test_a_generated_fleet_gets_each_hosts_own_plan(tmp_path):
+    """At scale, plan.yml must still give every host the plan the vllm_sizing filter gives that host alone: the
+    fleet of benchmarks/bench_controller.py (four configurations), one host with a workload of its own, and a start
+    measured on another host of one configuration in the calibration store, which every host of that configuration
+    plans with."""
+    import importlib.machinery
+    import importlib.util
+    import yaml
+    sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_controller
+    import vllm_sizing
+    import vllm_startup_report
+    loader = importlib.machinery.SourceFileLoader(
+        "nvidia_gpu_facts_action", os.path.join(ROOT, "roles", "nvidia_gpu", "action_plugins", "nvidia_gpu_facts.py"))
+    facts = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(facts)
+
+    fleet = bench_controller.inventory(12)
+    groups = fleet["all"]["children"]["vllm"]["children"]
+    groups["gpu_type_0"]["hosts"]["gpu0-00004"] = {"vllm_workload": {"p99_context": 2048, "peak_concurrency": 64}}
+    (tmp_path / "fleet.yml").write_text(yaml.safe_dump(fleet))
+    version = yaml.safe_load(open(os.path.join(ROOT, "roles", "vllm", "defaults", "main.yml")))["vllm_version"]
+
+    def alone(host, group, measured=None):
+        settings = dict(group["vars"], **(group["hosts"][host] or {}))
+        policy = dict(settings["vllm_policy"], host="%s (instance main)" % host, model=settings["vllm_model"],
+                      vllm_version=version, serve_options={}, strict=False, measured=measured, loadtest=None)
+        plan = vllm_sizing.vllm_sizing(facts.normalize_declared(settings["nvidia_gpu_declared"]),
+                                       vllm_sizing.vllm_model(settings["vllm_model"]), settings["vllm_workload"], policy)
+        return json.loads(json.dumps(plan))
+
+    # A start of configuration 1, measured on a host that is not in this fleet.
+    with open(os.path.join(ROOT, "tests", "fixtures", "vllm-logs", "cpu032-startup-eager.log"), encoding="utf-8") as f:
+        report = vllm_startup_report.vllm_startup_report(f.read())
+    some_host = next(iter(groups["gpu_type_1"]["hosts"]))
+    key = vllm_sizing.vllm_calibration_key(alone(some_host, groups["gpu_type_1"]))
+    entry = {"key": key, "host": "elsewhere", "instance": "main", "started_at": "Fri 2026-12-04 15:37:28 UTC",
+             "invocation_id": "0" * 32, "report": report}
+    (tmp_path / "store" / key).mkdir(parents=True)
+    (tmp_path / "store" / key / "elsewhere-main.json").write_text(json.dumps(entry))
+
+    run = subprocess.run(
+        [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", str(tmp_path / "fleet.yml"),
+         "playbooks/plan.yml", "-e", f"vllm_calibration_dir={tmp_path / 'store'}",
+         "-e", f"plan_out={tmp_path / 'plan.json'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0"))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    plans = json.loads((tmp_path / "plan.json").read_text())
+    assert len(plans) == 12
+    for name, group in groups.items():
+        for host in group["hosts"]:
+            expected = alone(host, group, entry if name == "gpu_type_1" else None)
+            assert plans[host] == {"main": expected}, host
+    assert plans["gpu0-00004"]["main"]["engine_args"]["max_model_len"] == 2048
+    assert all("calibration" in plans[host]["main"] for host in groups["gpu_type_1"]["hosts"])

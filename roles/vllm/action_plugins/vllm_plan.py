@@ -1,0 +1,124 @@
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Plan every instance of a host with the vllm_sizing filter, on the controller (documentation:
+library/vllm_plan.py).
+
+An action, not tasks: the plan was four tasks per host (the serve-options check, config.json, the plan, the plan again
+with the calibration store), each paying Ansible's per-host cost and Jinja's, which made playbooks/plan.yml 18 times
+Ansible's floor at 200 hosts. The arithmetic stays in the filters, called here through Ansible's filter loader; the
+host is contacted only to read config.json of a model directory.
+"""
+from __future__ import annotations
+
+import base64
+import glob
+import json
+import os
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+
+ARGUMENT_SPEC = {
+    "gpus": {"type": "list", "elements": "dict", "required": True},
+    "instances": {"type": "list", "elements": "dict", "required": True},
+    "model": {"type": "str", "default": ""},
+    "model_dir": {"type": "str", "default": ""},
+    "model_config": {"type": "dict", "default": {}},
+    "model_path": {"type": "str", "required": True},
+    "workload": {"type": "dict", "default": {}},
+    "policy": {"type": "dict", "default": {}},
+    "serve_options": {"type": "dict", "default": {}},
+    "serve_options_owned": {"type": "dict", "default": {}},
+    "version": {"type": "str", "required": True},
+    "strict": {"type": "bool", "default": True},
+    "calibration_dir": {"type": "str", "default": ""},
+}
+
+
+def clash_message(host, serve_options, owned):
+    """Why serve_options may not set an argument the role sets from its own variable, or None."""
+    clash = [key for key in serve_options if key in owned]
+    if not clash:
+        return None
+    return "%s: vllm_serve_options sets %s" % (
+        host, ", ".join("%s (set %s instead)" % (key, owned[key]) for key in clash))
+
+
+def store_entry(directory, host, instance):
+    """The calibration store's entry to plan with: this host's and instance's own, else the first of another host of
+    the same configuration (same directory), else None."""
+    own = os.path.join(directory, "%s-%s.json" % (host, instance))
+    if os.path.isfile(own):
+        return own
+    return next(iter(sorted(glob.glob(os.path.join(directory, "*.json")))), None)
+
+
+def read_entry(path):
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise AnsibleActionFail("cannot read the calibration store's entry %s: %s" % (path, exc)) from None
+
+
+class ActionModule(ActionBase):
+    """One plan per instance; read-only."""
+
+    _supports_check_mode = True
+    _VALID_ARGS = frozenset(ARGUMENT_SPEC)
+
+    def _filter(self, name):
+        return self._shared_loader_obj.filter_loader.get(name).j2_function
+
+    def _model_config(self, args, task_vars):
+        """config.json as a dict: given, read from the model directory on the host, or from the filter's catalog."""
+        if args["model_config"]:
+            return args["model_config"]
+        if not args["model_dir"]:
+            return self._filter("vllm_model")(args["model"])
+        path = os.path.join(args["model_dir"], "config.json")
+        read = self._execute_module(module_name="ansible.builtin.slurp", module_args={"src": path},
+                                    task_vars=task_vars)
+        if read.get("failed"):
+            raise AnsibleActionFail("%s: cannot read %s (vllm_model_dir): %s"
+                                    % (task_vars["inventory_hostname"], path, read.get("msg")))
+        try:
+            return json.loads(base64.b64decode(read["content"]))
+        except ValueError as exc:
+            raise AnsibleActionFail("%s: %s (vllm_model_dir) is not JSON: %s"
+                                    % (task_vars["inventory_hostname"], path, exc)) from None
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        host = task_vars["inventory_hostname"]
+        message = clash_message(host, args["serve_options"], args["serve_options_owned"])
+        if message:
+            raise AnsibleActionFail(message)
+        config = self._model_config(args, task_vars)
+        sizing, key = self._filter("vllm_sizing"), self._filter("vllm_calibration_key")
+
+        def plan(instance, measured=None, loadtest=None):
+            gpus = [gpu for gpu in args["gpus"] if gpu["index"] in instance["gpus"]]
+            policy = dict(args["policy"], host="%s (instance %s)" % (host, instance["name"]),
+                          model=args["model_path"], vllm_version=args["version"],
+                          serve_options=args["serve_options"], strict=args["strict"],
+                          measured=measured, loadtest=loadtest)
+            return sizing(gpus, config, args["workload"], policy)
+
+        plans, entries = {}, {}
+        for instance in args["instances"]:
+            plans[instance["name"]] = plan(instance)
+            if args["calibration_dir"]:
+                # What a start, and a load test, of the configuration this plan runs measured: the first plan
+                # names the configuration (its key), the second plans with the measurements.
+                directory = os.path.join(args["calibration_dir"], key(plans[instance["name"]]))
+                found = (store_entry(directory, host, instance["name"]),
+                         store_entry(os.path.join(directory, "loadtest"), host, instance["name"]))
+                if any(found):
+                    entries[instance["name"]] = [path for path in found if path]
+                    plans[instance["name"]] = plan(instance, *map(read_entry, found))
+        result.update(changed=False, calibration_entries=entries, ansible_facts={"vllm_plans": plans})
+        return result
