@@ -11,7 +11,8 @@ has four distinct configurations, as fleets do. Then, timed in the same run:
 - playbooks/plan.yml, which plans every host and prints the table.
 
 Printed: seconds, the ratio to the floor, and seconds per 1,000 hosts (a ratio that grows with the size is a cost
-that grows faster than the fleet). --profile adds Ansible's per-task profile of each playbook.
+that grows faster than the fleet). Both run with ansible.cfg's callbacks (profile_tasks among them); --profile prints
+the per-task profile of each playbook.
 
 The runs may write Python's bytecode cache (PYTHONDONTWRITEBYTECODE is dropped from their environment): Ansible forks
 a worker per host and task, and without the cache every worker compiles the project's plugins again, which is not
@@ -62,8 +63,7 @@ def inventory(hosts):
 def run(playbook, inventory_file, forks, profile, extra=()):
     env = dict((key, value) for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE")
     env.update(ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORKS=str(forks),
-               ANSIBLE_FORCE_COLOR="0", ANSIBLE_CALLBACKS_ENABLED="ansible.posix.profile_tasks" if profile else "",
-               PROFILE_TASKS_TASK_OUTPUT_LIMIT="12")
+               ANSIBLE_FORCE_COLOR="0", PROFILE_TASKS_TASK_OUTPUT_LIMIT="12")
     started = time.perf_counter()
     done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", inventory_file,
                            playbook, *extra], cwd=ROOT, env=env, capture_output=True, text=True, check=False)

@@ -162,7 +162,8 @@ for host, inst in sorted(plans.items()):
         if cal and cal.get("measured_kv_cache_bytes") is not None:
             print(f"    KV cache: predicted {cal['predicted_kv_cache_bytes'] / 2**30:.2f} GiB for the stand-in GPU, vLLM had"
                   f" {cal['measured_kv_cache_bytes'] / 2**30:.2f} GiB at its start of {cal['source'].get('started_at')}"
-                  f" ({cal['error_percent']:+.0f}%): the plan now uses the measured figure")
+                  f" ({'the CPU build: not comparable' if cal['error_percent'] is None else format(cal['error_percent'], '+.0f') + '%'}):"
+                  " the plan now uses the measured figure")
 lt = load("loadtest-vllm-3.json")
 v = lt["verdict"]
 print(f"\nLoad test of vllm-3 (playbooks/loadtest.yml, exit {loadtest_rc}): {'PASSED' if v['passed'] else 'FAILED'},"

@@ -197,14 +197,16 @@ PRINTED_GIB_ROUNDING = 0.005 * (1 << 30)
 
 def comparable_kv(report, utilization):
     """(KV bytes vLLM had, or would have had, at the plan's utilization, how) from a report; (None, why) when the
-    report cannot say. Same utilization or the CPU build (its KV space is fixed by VLLM_CPU_KVCACHE_SPACE): as printed.
+    report cannot say, or from the CPU build (its KV space is VLLM_CPU_KVCACHE_SPACE, not GPU memory). Same utilization:
+    as printed.
     Another utilization: vLLM's requested memory at the plan's utilization less what the start measured besides the
     KV cache (its requested memory less its KV), which do not depend on the utilization."""
     kv = report.get("available_kv_cache_bytes")
     if kv is None:
         return None, "not compared: the start printed no KV cache memory"
     if report.get("kv_cache_device") == "CPU":
-        return kv, "as printed (the CPU build's KV space does not depend on the utilization)"
+        # The plan predicts GPU memory; the CPU build's KV space is VLLM_CPU_KVCACHE_SPACE, whatever the GPU.
+        return None, "not compared: the CPU build's KV space (VLLM_CPU_KVCACHE_SPACE) is not the GPU memory predicted"
     used, requested, total = (report.get(k) for k in ("gpu_memory_utilization", "requested_memory_bytes",
                                                       "total_memory_bytes"))
     # Any two of utilization, requested and total memory give the third.
@@ -287,7 +289,7 @@ def measured_budget(budget, measured, utilization, total_mib, row):
     compared, how = comparable_kv(report, utilization)
     return out, {"parts": parts, "compile_cache": cache, "predicted_kv_cache_bytes": budget["kv_cache_bytes"],
                  "measured_kv_cache_bytes": kv, "compared_kv_cache_bytes": compared, "compared": how,
-                 "source": measured["source"]}
+                 "cpu_build": report.get("kv_cache_device") == "CPU", "source": measured["source"]}
 
 
 def describe(info):
