@@ -66,6 +66,7 @@ prometheus-tools:
 # Every playbook's syntax in one ansible-playbook run (each run starts in seconds).
 lint: venv
 	$(BIN)/yamllint --strict .
+	$(BIN)/ruff check .
 	$(BIN)/ansible-lint --profile production --strict
 	$(BIN)/ansible-playbook --syntax-check -i inventory.example $(PLAYBOOKS)
 unit: venv prometheus-tools vllm-source

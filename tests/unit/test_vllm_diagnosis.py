@@ -18,7 +18,6 @@ import vllm_systemd  # noqa: E402
 # What Ansible resolves the role's `ansible.module_utils.vllm_log` import to.
 sys.modules.setdefault("ansible.module_utils.vllm_log", vllm_log)
 import vllm_diagnosis  # noqa: E402
-import vllm_metrics  # noqa: E402
 
 for _name, _module in (("vllm_diagnosis", vllm_diagnosis), ("vllm_metrics", vllm_metrics),
                        ("vllm_systemd", vllm_systemd)):

@@ -116,7 +116,7 @@ def test_one_balancer_holds_the_vip_the_other_stands_by_and_the_client_is_served
         peer = sh(other(balancer), "ip -o -4 addr show dev eth0 scope global").stdout.split()[3].split("/")[0]
         assert f"unicast_peer {{\n        {peer}\n    }}" in conf, conf
         assert "BindsTo=haproxy.service" in sh(balancer, "systemctl cat keepalived").stdout
-        assert sh(balancer, f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1/balancer-health").stdout == "200"
+        assert sh(balancer, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1/balancer-health").stdout == "200"
     out = sh(CLIENT, f"curl -s -m 10 -d '{{\"prompt\": \"hi\"}}' http://{VIP}/v1/completions")
     assert "served by backend-" in out.stdout, out.stdout
 
