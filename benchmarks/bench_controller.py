@@ -8,7 +8,9 @@ the connection is local) is generated: four GPU types, each with its catalog mod
 has four distinct configurations, as fleets do. Then, timed in the same run:
 
 - the floor: one set_fact per host, the least a play over these hosts costs in Ansible;
-- playbooks/plan.yml, which plans every host and prints the table.
+- playbooks/plan.yml, which plans every host and prints the table;
+- with --roll-report, the roll's report path alone (roles/rolling_restart/tasks/report.yml after a host's events, in
+  batches of 10 %): what every host of a roll pays to record itself and rebuild report.json, nothing restarted.
 
 Printed: seconds, the ratio to the floor, and seconds per 1,000 hosts (a ratio that grows with the size is a cost
 that grows faster than the fleet). Both run with ansible.cfg's callbacks (profile_tasks among them); --profile prints
@@ -44,6 +46,16 @@ CONFIGURATIONS = [
 
 FLOOR = [{"name": "Floor", "hosts": "vllm", "gather_facts": False,
           "tasks": [{"name": "One task per host", "ansible.builtin.set_fact": {"bench_floor": True}}]}]
+
+
+# The roll's report step for hosts whose roll went well (the events tasks/main.yml records), in the roll's batches.
+ROLL_REPORT = [{"name": "The roll's report path", "hosts": "vllm", "gather_facts": False, "serial": "10%", "tasks": [
+    {"name": "Events of a roll that went well", "ansible.builtin.set_fact": {
+        "rolling_restart_events": [{"time": float(n), "host": "{{ inventory_hostname }}", "state": state}
+                                   for n, state in enumerate(("start", "drained", "stopped", "ready", "enabled"))],
+        "rolling_restart_outcome": "ok", "rolling_restart_error": ""}},
+    {"name": "Record the host and rebuild the run's report",
+     "ansible.builtin.include_role": {"name": "rolling_restart", "tasks_from": "report"}}]}]
 
 
 def inventory(hosts):
@@ -82,12 +94,14 @@ def main():
     parser.add_argument("--hosts", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--forks", type=int, default=50)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--roll-report", action="store_true", help="also time the roll's report path")
     args = parser.parse_args()
     print("controller: %d CPU(s), forks %d; %d configurations" % (os.cpu_count(), args.forks, len(CONFIGURATIONS)))
     with tempfile.TemporaryDirectory() as scratch:
-        floor = os.path.join(scratch, "floor.yml")
-        with open(floor, "w", encoding="utf-8") as out:
-            yaml.safe_dump(FLOOR, out)
+        floor, roll_report = os.path.join(scratch, "floor.yml"), os.path.join(scratch, "roll-report.yml")
+        for path, play in ((floor, FLOOR), (roll_report, ROLL_REPORT)):
+            with open(path, "w", encoding="utf-8") as out:
+                yaml.safe_dump(play, out)
         for hosts in args.hosts:
             inventory_file = os.path.join(scratch, "fleet-%d.yml" % hosts)
             with open(inventory_file, "w", encoding="utf-8") as out:
@@ -99,6 +113,13 @@ def main():
                        ("-e", "plan_out=%s" % os.path.join(scratch, "plan-%d.json" % hosts)))
             print("%6d hosts  playbooks/plan.yml           %7.1f s  %6.1f s per 1,000 hosts  %5.2fx the floor"
                   % (hosts, plan, plan * 1000 / hosts, plan / base))
+            if args.roll_report:
+                run_dir = os.path.join(scratch, "roll-%d" % hosts)
+                os.makedirs(os.path.join(run_dir, "hosts"))  # as tasks/run_dir.yml makes it for a roll
+                seconds = run(roll_report, inventory_file, args.forks, args.profile,
+                              ("-e", "rolling_restart_run_dir=%s" % run_dir))
+                print("%6d hosts  the roll's report path       %7.1f s  %6.1f s per 1,000 hosts  %5.2fx the floor"
+                      % (hosts, seconds, seconds * 1000 / hosts, seconds / base))
 
 
 if __name__ == "__main__":
