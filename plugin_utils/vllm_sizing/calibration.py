@@ -195,6 +195,11 @@ SAME_UTILIZATION = 0.005
 PRINTED_GIB_ROUNDING = 0.005 * (1 << 30)
 
 
+def cpu_build(report):
+    """Whether the start was vLLM's CPU build: its KV space is VLLM_CPU_KVCACHE_SPACE, whatever the memory."""
+    return report.get("kv_cache_device") == "CPU"
+
+
 def comparable_kv(report, utilization):
     """(KV bytes vLLM had, or would have had, at the plan's utilization, how) from a report; (None, why) when the
     report cannot say, or from the CPU build (its KV space is VLLM_CPU_KVCACHE_SPACE, not GPU memory). Same utilization:
@@ -204,8 +209,7 @@ def comparable_kv(report, utilization):
     kv = report.get("available_kv_cache_bytes")
     if kv is None:
         return None, "not compared: the start printed no KV cache memory"
-    if report.get("kv_cache_device") == "CPU":
-        # The plan predicts GPU memory; the CPU build's KV space is VLLM_CPU_KVCACHE_SPACE, whatever the GPU.
+    if cpu_build(report):  # the plan predicts GPU memory
         return None, "not compared: the CPU build's KV space (VLLM_CPU_KVCACHE_SPACE) is not the GPU memory predicted"
     used, requested, total = (report.get(k) for k in ("gpu_memory_utilization", "requested_memory_bytes",
                                                       "total_memory_bytes"))
@@ -279,8 +283,7 @@ def measured_budget(budget, measured, utilization, total_mib, row):
     if parts:
         out["kv_cache_bytes"] = max(0, budget["kv_cache_bytes"] + sum(budget[p] - out[p] for p in parts))
     kv = report.get("available_kv_cache_bytes")
-    if kv is not None and (report.get("kv_cache_device") == "CPU" or same_request(measured, budget, utilization,
-                                                                                   total_mib)):
+    if kv is not None and (cpu_build(report) or same_request(measured, budget, utilization, total_mib)):
         out["kv_cache_bytes"] = kv
         parts.append("kv_cache_bytes")
     cache = compile_cache(report)
@@ -289,7 +292,7 @@ def measured_budget(budget, measured, utilization, total_mib, row):
     compared, how = comparable_kv(report, utilization)
     return out, {"parts": parts, "compile_cache": cache, "predicted_kv_cache_bytes": budget["kv_cache_bytes"],
                  "measured_kv_cache_bytes": kv, "compared_kv_cache_bytes": compared, "compared": how,
-                 "cpu_build": report.get("kv_cache_device") == "CPU", "source": measured["source"]}
+                 "cpu_build": cpu_build(report), "source": measured["source"]}
 
 
 def describe(info):

@@ -20,6 +20,12 @@ GPU_KEYS = ("index", "name", "uuid", "memory_total_mib", "memory_used_mib", "dri
 DECLARED_KEYS = set(GPU_KEYS) | {"count"}
 MIG_MODES = {"enabled": "Enabled", "disabled": "Disabled"}
 _CC_RE = re.compile(r"^\d+\.\d+$")
+ARGUMENT_SPEC = {
+    "nvidia_smi_path": {"type": "str", "default": "nvidia-smi"},
+    "query_processes": {"type": "bool", "default": True},
+    "declared": {"type": "list", "elements": "dict", "default": []},
+    "expected_count": {"type": "int", "default": 0},
+}
 
 
 def normalize_declared(declared):
@@ -99,16 +105,11 @@ class ActionModule(ActionBase):
     """Declared GPUs here, nvidia-smi's through the module on the host; the count checked for both."""
 
     _supports_check_mode = True
-    _VALID_ARGS = frozenset(("nvidia_smi_path", "query_processes", "declared", "expected_count"))
+    _VALID_ARGS = frozenset(ARGUMENT_SPEC)
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(argument_spec={
-            "nvidia_smi_path": {"type": "str", "default": "nvidia-smi"},
-            "query_processes": {"type": "bool", "default": True},
-            "declared": {"type": "list", "elements": "dict", "default": []},
-            "expected_count": {"type": "int", "default": 0},
-        })
+        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         if args["declared"]:
             try:
                 gpus = normalize_declared(args["declared"])
