@@ -7,14 +7,17 @@ Inputs:
   --hosts FILE      host events written by the rolling restart: a JSON list (or {"events": [...]}, or JSON lines) of
                     {"time": epoch seconds or ISO 8601, "host": "gpu-01", "state": "drained"}; states seen so far:
                     drained, stopped, starting, ready, enabled (any other name gets a color too)
-Output: --out FILE.png. Time 0 is the first request or host event.
+Output: --out FILE.png. Time 0 is the first request or host event. Up to 40 hosts get a row each; a larger fleet
+gets the number of hosts in each state over time.
 
   tools/timeline.py --requests reports/load.jsonl --hosts reports/roll-events.json --out reports/roll.png
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime
+import itertools
 import json
 import sys
 from collections import Counter
@@ -26,8 +29,13 @@ STATE_COLORS = {
     "stopped": "#d62728",
     "drained": "#1f77b4",   # out of the balancers, vLLM still running
     "draining": "#aec7e8",
+    "start": "#c7c7c7",     # the roll took the host up, still serving
+    "failed": "#8c564b",
 }
-EXTRA_COLORS = ["#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+EXTRA_COLORS = ["#9467bd", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+# More hosts than this and the lower panel counts the hosts in each state over time instead of one row per host
+# (a row per host of a large fleet is thinner than a pixel).
+MAX_HOST_ROWS = 40
 
 
 def to_epoch(value) -> float:
@@ -87,10 +95,11 @@ def render(requests, host_events, out: str, title: str = "") -> None:
     t0, t_end = min(times), max(times)
     span = max(t_end - t0, 1.0)
     hosts = sorted({e["host"] for e in host_events})
+    rows = len(hosts) if len(hosts) <= MAX_HOST_ROWS else 8
 
     fig, (ax_req, ax_host) = plt.subplots(
-        2, 1, sharex=True, figsize=(12, 3.5 + 0.45 * max(len(hosts), 1)),
-        gridspec_kw={"height_ratios": [3, max(1, 0.6 * len(hosts))]})
+        2, 1, sharex=True, figsize=(12, 3.5 + 0.45 * max(rows, 1)),
+        gridspec_kw={"height_ratios": [3, max(1, 0.6 * rows)]})
 
     seconds = int(span) + 1
     counts = {k: Counter() for k in ("ok", "fail_stream", "fail_plain")}
@@ -115,17 +124,34 @@ def render(requests, host_events, out: str, title: str = "") -> None:
     ax_req.legend(loc="upper right", fontsize="small")
 
     palette = dict(STATE_COLORS)
-    extra = iter(EXTRA_COLORS * 10)
-    for i, host in enumerate(hosts):
+    extra = itertools.cycle(EXTRA_COLORS)
+    for e in host_events:
+        if e["state"] not in palette:
+            palette[e["state"]] = next(extra)
+    spans = {host: [] for host in hosts}  # host: [(start, end, state)], each state until the host's next event
+    for host in hosts:
         mine = [e for e in host_events if e["host"] == host]
         for j, e in enumerate(mine):
-            end = mine[j + 1]["time"] if j + 1 < len(mine) else t0 + span
-            color = palette.setdefault(e["state"], next(extra))
-            ax_host.barh(i, max(end - e["time"], span / 500), left=e["time"] - t0, height=0.6, color=color,
-                         edgecolor="white", linewidth=0.5)
-    ax_host.set_yticks(range(len(hosts)), hosts)
-    ax_host.set_ylim(-0.7, max(len(hosts), 1) - 0.3)
-    ax_host.invert_yaxis()
+            spans[host].append((e["time"], mine[j + 1]["time"] if j + 1 < len(mine) else t0 + span, e["state"]))
+    if len(hosts) <= MAX_HOST_ROWS:
+        for i, host in enumerate(hosts):
+            for begin, end, state in spans[host]:
+                ax_host.barh(i, max(end - begin, span / 500), left=begin - t0, height=0.6, color=palette[state],
+                             edgecolor="white", linewidth=0.5)
+        ax_host.set_yticks(range(len(hosts)), hosts)
+        ax_host.set_ylim(-0.7, max(len(hosts), 1) - 0.3)
+        ax_host.invert_yaxis()
+    else:
+        grid = [t0 + span * k / 1000 for k in range(1001)]
+        states = [state for state in palette if any(e["state"] == state for e in host_events)]
+        counts = {state: [0] * len(grid) for state in states}
+        for host_spans in spans.values():
+            for begin, end, state in host_spans:
+                for k in range(bisect.bisect_left(grid, begin), bisect.bisect_left(grid, end)):
+                    counts[state][k] += 1
+        ax_host.stackplot([t - t0 for t in grid], [counts[state] for state in states],
+                          colors=[palette[state] for state in states], step="post")
+        ax_host.set_ylabel(f"hosts (of {len(hosts)})")
     start = datetime.datetime.fromtimestamp(t0, datetime.timezone.utc)
     ax_host.set_xlabel(f"seconds since {start:%Y-%m-%d %H:%M:%S} UTC")
     ax_host.set_xlim(0, span)

@@ -77,3 +77,22 @@ def test_nothing_to_draw_is_an_error(tmp_path):
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
     assert timeline.main(["--hosts", str(empty), "--out", str(tmp_path / "x.png")]) == 2
+
+
+def test_a_fleet_larger_than_the_rows_is_drawn_as_hosts_per_state(tmp_path):
+    """A roll of 300 hosts in batches of 30, with the roll's own states (start, draining, failed): one picture of
+    the number of hosts in each state, not 300 rows (every state gets its color, however many hosts have it)."""
+    events = []
+    for i in range(300):
+        base = T0 + (i // 30) * 60 + (i % 30) * 0.2
+        steps = ((0, "start"), (1, "draining"), (6, "drained"), (13, "stopped"), (48, "ready"), (51, "enabled"))
+        events += [{"time": base + dt, "host": f"gpu-{i:03d}", "state": s} for dt, s in steps]
+    events.append({"time": T0 + 700, "host": "gpu-299", "state": "failed"})
+    hosts = tmp_path / "report.json"
+    hosts.write_text(json.dumps({"events": events}))
+    out = tmp_path / "fleet.png"
+    assert timeline.main(["--hosts", str(hosts), "--out", str(out)]) == 0
+    png = out.read_bytes()
+    assert png[:8] == PNG_MAGIC
+    height = int.from_bytes(png[20:24], "big")  # the IHDR chunk: a fixed height, not one that grows with hosts
+    assert height < 1000
