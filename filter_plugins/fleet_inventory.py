@@ -1,8 +1,8 @@
 # Copyright: contributors to vllm-fleet
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The fleet's one rule for what a vLLM instance is called (fleet_servers) and where its host is reached
-(fleet_address), shared by the balancer's backends and the monitoring role's scrape targets so that they agree.
-Documentation is in the sidecar file next to this one."""
+(fleet_address), shared by the balancer's backends and the monitoring role's scrape targets so that they agree; and
+the roll's batches (fleet_batches). Documentation is in the sidecar files next to this one."""
 
 from ansible.errors import AnsibleFilterError
 
@@ -37,8 +37,35 @@ def fleet_servers(hosts, hostvars, default_instances):
     return out
 
 
+def fleet_batches(hosts, hostvars, batch_by="", serial=None):
+    """The roll's host order and Ansible `serial`: the hosts and serial as given (default 1) without batch_by; with
+    it, one batch per failure domain (the hosts sharing a value of that host variable, in order of first appearance),
+    as a list of batch sizes."""
+    if not isinstance(hosts, list):
+        raise AnsibleFilterError("fleet_batches takes a list of inventory host names, got %s" % type(hosts).__name__)
+    if not batch_by:
+        return {"hosts": hosts, "serial": 1 if serial is None else serial, "domains": []}
+    if serial is not None:
+        raise AnsibleFilterError("rolling_restart_batch_by (%s) and rolling_restart_serial (%s) both set: a batch is a"
+                                 " failure domain or a number of hosts, set one of them" % (batch_by, serial))
+    missing = [host for host in hosts if batch_by not in hostvars[host]]
+    if missing:
+        raise AnsibleFilterError("rolling_restart_batch_by is %s, which host(s) %s do not set: give every vLLM host"
+                                 " its %s (a host variable), or roll them without batch_by"
+                                 % (batch_by, ", ".join(missing), batch_by))
+    domains = {}
+    for host in hosts:
+        value = hostvars[host][batch_by]
+        if not isinstance(value, (str, int)) or isinstance(value, bool) or str(value) == "":
+            raise AnsibleFilterError("host %s: %s must be a name or a number (its failure domain), got %r"
+                                     % (host, batch_by, value))
+        domains.setdefault(str(value), []).append(host)
+    return {"hosts": [host for members in domains.values() for host in members],
+            "serial": [len(members) for members in domains.values()], "domains": list(domains)}
+
+
 class FilterModule(object):
     """The fleet's naming and address rules for vLLM instances."""
 
     def filters(self):
-        return {"fleet_servers": fleet_servers, "fleet_address": fleet_address}
+        return {"fleet_servers": fleet_servers, "fleet_address": fleet_address, "fleet_batches": fleet_batches}

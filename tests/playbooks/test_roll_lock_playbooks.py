@@ -105,3 +105,45 @@ def test_each_step_of_a_host_out_of_rotation_is_in_the_journal_until_it_is_back(
     assert seen["options"] == {"apply_config": True, "apply_driver": False, "loadtest": False}
     assert seen["run_dir"] == "/r" and seen["error"] == ""
     assert os.listdir(journal) == []
+
+
+def test_failure_domains_a_host_does_not_name_stop_the_roll_before_anything_runs(tmp_path):
+    code, out = run(tmp_path, "rolling_restart.yml", "-e", "rolling_restart_batch_by=rack")
+    assert code != 0, out[-3000:]
+    assert "rolling_restart_batch_by is rack, which host(s) gpu-a, gpu-b do not set" in out, out[-3000:]
+    assert "Drain" not in out and not (tmp_path / "reports").exists()
+
+
+def test_the_roll_ends_once_with_its_report_table_and_timeline(tmp_path):
+    """The role's report.yml as the runbook's `always` calls it, on two hosts in batches of one: each host's record,
+    and after the last batch only, report.json, the per-host table and timeline.png with the load's requests."""
+    run_dir = tmp_path / "run"
+    (run_dir / "hosts").mkdir(parents=True)
+    load = tmp_path / "load.jsonl"
+    load.write_text("".join(json.dumps({"start": 1765000000.0 + n, "end": 1765000000.5 + n, "ok": n != 3})
+                            + "\n" for n in range(30)))
+    book = tmp_path / "report.yml"
+    book.write_text(json.dumps([{"hosts": "vllm", "gather_facts": False, "serial": 1, "tasks": [
+        {"ansible.builtin.set_fact": {
+            "rolling_restart_events": [{"time": 1765000000.0 + n, "host": "{{ inventory_hostname }}", "state": state}
+                                       for n, state in enumerate(("start", "drained", "stopped", "ready"))],
+            "rolling_restart_outcome": "ok", "rolling_restart_error": "",
+            "vllm_ready_result": {"results": [{"start_to_ready": 0.5}, {"failed": True}]}}},
+        {"ansible.builtin.include_role": {"name": "rolling_restart", "tasks_from": "report"}}]}]))
+    inventory = tmp_path / "hosts.json"
+    local = {"ansible_connection": "local", "ansible_python_interpreter": PYTHON}
+    inventory.write_text(json.dumps({"all": {"children": {"vllm": {"hosts": {"gpu-a": local, "gpu-b": local}}}}}))
+    out = subprocess.run(
+        [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", str(inventory), str(book),
+         "-e", json.dumps({"rolling_restart_run_dir": str(run_dir), "rolling_restart_load_events": str(load)})],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+                 ANSIBLE_ROLES_PATH=os.path.join(ROOT, "roles")))
+    assert out.returncode == 0, out.stdout[-3000:]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["outcome"] == "ok" and sorted(report["hosts"]) == ["gpu-a", "gpu-b"]
+    assert report["hosts"]["gpu-b"]["vllm_start_to_ready_s"] == 0.5 and report["hosts"]["gpu-b"]["stop_s"] == 1.0
+    # Once, after the last batch: one table, naming both hosts.
+    assert out.stdout.count("host(s), outcome") == 1 and "2 host(s), outcome ok" in out.stdout, out.stdout[-3000:]
+    png = (run_dir / "timeline.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10000

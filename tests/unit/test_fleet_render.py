@@ -3,7 +3,7 @@ issue 12. systemd and HAProxy read the same renderings back on real test hosts (
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from fleet_inventory import fleet_address, fleet_servers
+from fleet_inventory import fleet_address, fleet_batches, fleet_servers
 from fleet_render import (env_file, fleet_invalid, haproxy_word, keepalived_word, systemd_comment, systemd_environment, systemd_exec,
                           systemd_value)
 
@@ -159,3 +159,29 @@ def test_fleet_servers_is_the_one_naming_and_address_rule():
     hostvars["gpu-1"]["vllm_instances"] = [{"name": "a"}]
     with pytest.raises(AnsibleFilterError, match=r"host gpu-1: vllm_instances\[0\] must be a dict with name and port"):
         fleet_servers(["gpu-1"], hostvars, [])
+
+
+def test_fleet_batches_are_serial_hosts_or_one_failure_domain_each():
+    hostvars = {"gpu-1": {"rack": "r1"}, "gpu-2": {"rack": "r2"}, "gpu-3": {"rack": "r1"}, "gpu-4": {"rack": 7}}
+    hosts = ["gpu-1", "gpu-2", "gpu-3", "gpu-4"]
+    assert fleet_batches(hosts, hostvars) == {"hosts": hosts, "serial": 1, "domains": []}
+    assert fleet_batches(hosts, hostvars, "", "25%")["serial"] == "25%"
+    # Grouped by domain, in order of each domain's first host; serial is the list of batch sizes.
+    assert fleet_batches(hosts, hostvars, "rack") == {"hosts": ["gpu-1", "gpu-3", "gpu-2", "gpu-4"],
+                                                      "serial": [2, 1, 1], "domains": ["r1", "r2", "7"]}
+    assert fleet_batches(["gpu-3", "gpu-2"], hostvars, "rack")["serial"] == [1, 1]
+    assert fleet_batches([], hostvars, "rack") == {"hosts": [], "serial": [], "domains": []}
+
+
+@pytest.mark.parametrize("hostvars, serial, message", [
+    ({"gpu-1": {"rack": "r1"}, "gpu-2": {}, "gpu-3": {}}, None,
+     "rolling_restart_batch_by is rack, which host.s. gpu-2, gpu-3 do not set"),
+    ({"gpu-1": {"rack": "r1"}, "gpu-2": {"rack": ["r1"]}, "gpu-3": {"rack": "r2"}}, None,
+     r"host gpu-2: rack must be a name or a number \(its failure domain\), got \['r1'\]"),
+    ({"gpu-1": {"rack": ""}, "gpu-2": {"rack": "r1"}, "gpu-3": {"rack": "r2"}}, None, "host gpu-1: rack must be"),
+    ({"gpu-1": {"rack": "r1"}, "gpu-2": {"rack": "r1"}, "gpu-3": {"rack": "r2"}}, 2,
+     r"rolling_restart_batch_by \(rack\) and rolling_restart_serial \(2\) both set"),
+])
+def test_fleet_batches_refuses_a_domain_it_cannot_read(hostvars, serial, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        fleet_batches(["gpu-1", "gpu-2", "gpu-3"], hostvars, "rack", serial)

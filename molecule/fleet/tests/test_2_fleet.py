@@ -43,9 +43,13 @@ def all_up():
     return set(server_states().values()) == {"UP"}
 
 
+def latest_run():
+    """The newest roll's directory (report.json, timeline.png, hosts/)."""
+    return sorted(glob.glob(os.path.join(PROJECT, "reports", "rolling-restart", "*", "report.json")))[-1][:-12]
+
+
 def latest_report():
-    runs = sorted(glob.glob(os.path.join(PROJECT, "reports", "rolling-restart", "*", "report.json")))
-    with open(runs[-1]) as f:
+    with open(os.path.join(latest_run(), "report.json")) as f:
         return json.load(f)
 
 
@@ -148,12 +152,41 @@ def test_1_a_roll_killed_after_a_drain_and_after_a_stop_is_resumed_and_loses_no_
     report = latest_report()
     assert report["outcome"] == "ok" and sorted(report["hosts"]) == ["vllm-2", "vllm-3"]
     assert report["hosts"]["vllm-2"]["resumed"]["step"] == "stopped" and report["hosts"]["vllm-3"]["resumed"] is None
+    # The roll ends with its table and its timeline (tools/timeline.py) next to report.json.
+    assert "2 host(s), outcome ok" in out and "start->ready" in out, out[-3000:]
+    with open(os.path.join(latest_run(), "timeline.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     for host, rec in report["hosts"].items():
         print(f"{host}: drain {rec['drain_wait_s']} s, stop {rec['stop_s']} s, start-to-ready {rec['start_to_ready_s']}"
               f" s (vLLM itself {rec['vllm_start_to_ready_s']} s), enable {rec['enable_s']} s, total {rec['total_s']}"
               f" s, overhead {rec['overhead_s']} s")
         assert rec["outcome"] == "ok" and rec["vllm_start_to_ready_s"] > 0
         assert abs(rec["total_s"] - rec["overhead_s"] - rec["vllm_start_to_ready_s"]) < 0.1
+
+
+def test_1b_a_failure_domain_leaves_together_and_the_capacity_guard_counts_it_out():
+    """Batches by failure domain (rolling_restart_batch_by): vllm-1 and vllm-2 share a rack, so they would leave
+    rotation together, and the capacity guard counts both out. With rolling_restart_min_healthy 2 only vllm-3 would
+    serve, so the roll is refused before either is drained (a guard that counts each host alone sees two others UP
+    and drains both). Nothing restarts: this costs seconds."""
+    racks = [with_host_vars(host, {"fleet_test_rack": rack})
+             for host, rack in (("vllm-1", "r1"), ("vllm-2", "r1"), ("vllm-3", "r2"))]
+    before = invocations()
+    try:
+        roll = playbook("playbooks/rolling_restart.yml", "-e", "rolling_restart_batch_by=fleet_test_rack",
+                        "-e", "rolling_restart_min_healthy=2")
+    finally:
+        for path in racks:
+            os.unlink(path)
+    out = " ".join(roll.stdout.split())
+    assert roll.returncode != 0, out[-3000:]
+    for host, other in (("vllm-1", "vllm-2"), ("vllm-2", "vllm-1")):
+        assert f"Not taking {host} out with {other}: servers UP on other hosts per balancer" in out, out[-3000:]
+    assert "'balancer-1': 1" in out and "rolling_restart_min_healthy is 2" in out
+    assert all_up() and invocations() == before and journal() == {}
+    report = latest_report()
+    assert report["outcome"] == "failed" and sorted(report["hosts"]) == ["vllm-1", "vllm-2"]  # vllm-3: next batch
+    assert "2 host(s), outcome failed" in out
 
 
 def test_2_naive_restart_side_by_side(tmp_path):
