@@ -198,3 +198,41 @@ def test_a_generated_fleet_gets_each_hosts_own_plan(tmp_path):
             assert plans[host] == {"main": expected}, host
     assert plans["gpu0-00004"]["main"]["engine_args"]["max_model_len"] == 2048
     assert all("calibration" in plans[host]["main"] for host in groups["gpu_type_1"]["hosts"])
+
+
+def test_a_plan_that_a_start_changes_waits_for_the_next_apply(tmp_path):
+    """After a start, the vllm role's calibration.yml files what vLLM printed and plans again with it. Here the start
+    of h100x8-gptoss measured the CPU build's 1 GiB of KV (tests/fixtures/vllm-logs), with which the plan moves to a
+    larger tensor parallelism. The unit still runs the plan it was started with (nothing rewrote its drop-in), so
+    the plan file on the host must stay that one: the load test takes its concurrency from it and the next plain
+    restart files its measurement under its key. The new plan is reported, for the next apply."""
+    sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
+    import vllm_startup_report
+    with open(os.path.join(ROOT, "tests", "fixtures", "vllm-logs", "cpu032-startup-eager.log"), encoding="utf-8") as f:
+        report = vllm_startup_report.vllm_startup_report(f.read())
+    config_dir = tmp_path / "etc"
+    config_dir.mkdir()
+    book = tmp_path / "start.yml"
+    book.write_text(json.dumps([{"hosts": "h100x8-gptoss", "gather_facts": False, "tasks": [
+        {"ansible.builtin.include_role": {"name": "nvidia_gpu", "tasks_from": "facts"}},
+        {"ansible.builtin.include_role": {"name": "vllm", "tasks_from": "plan"}},
+        # What configure.yml writes with the unit's drop-in, and what the start's wait (ready.yml) returns.
+        {"ansible.builtin.include_role": {"name": "vllm", "tasks_from": "plan_file"}},
+        {"ansible.builtin.set_fact": {"vllm_ready_result": {"results": [
+            {"item": {"name": "main", "port": 8000, "gpus": list(range(8))}, "startup": report,
+             "invocation_id": "0" * 32, "started_at": "Fri 2026-12-04 15:37:28 UTC"}]}}},
+        {"ansible.builtin.include_role": {"name": "vllm", "tasks_from": "calibration"}}]}]))
+    run = subprocess.run(
+        [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", "tests/playbooks/plan-inventory.yml", str(book),
+         "-e", json.dumps({"vllm_calibration_dir": str(tmp_path / "store"), "vllm_config_dir": str(config_dir)})],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
+                 ANSIBLE_ROLES_PATH=os.path.join(ROOT, "roles")))
+    assert run.returncode == 0, run.stdout[-3000:]
+    entries = list((tmp_path / "store").rglob("h100x8-gptoss-main.json"))
+    assert len(entries) == 1 and json.loads(entries[0].read_text())["report"] == report  # the start was filed
+    on_host = json.loads((config_dir / "main.plan.json").read_text())
+    assert on_host["engine_args"]["tensor_parallel_size"] == 2 and "calibration" not in on_host, on_host
+    out = " ".join(run.stdout.split())
+    assert "h100x8-gptoss instance main: with what its start measured, its plan changes" in out, out[-3000:]
+    assert "tensor_parallel_size 2 -> 4" in out and "until then the plan file on the host is the one the unit runs" in out

@@ -32,6 +32,7 @@ ARGUMENT_SPEC = {
     "version": {"type": "str", "required": True},
     "strict": {"type": "bool", "default": True},
     "calibration_dir": {"type": "str", "default": ""},
+    "running": {"type": "dict", "default": {}},
 }
 
 
@@ -51,6 +52,18 @@ def store_entry(directory, host, instance):
     if os.path.isfile(own):
         return own
     return next(iter(sorted(glob.glob(os.path.join(directory, "*.json")))), None)
+
+
+def hold_back(plans, running, runs_as):
+    """After a start, the plans to keep and the ones to apply later: a plan that would run an instance differently
+    (runs_as: its command line and environment) from the plan it was started with waits for the next apply, which
+    writes it with the unit's drop-in. Until then the instance's plan (the file on the host, the load test's
+    concurrency, the next start's calibration key) stays the one it runs. Returns (plans, {instance: later plan})."""
+    kept, later = dict(plans), {}
+    for name, started in running.items():
+        if name in plans and runs_as(plans[name]) != runs_as(started):
+            kept[name], later[name] = started, plans[name]
+    return kept, later
 
 
 def read_entry(path):
@@ -120,5 +133,9 @@ class ActionModule(ActionBase):
                 if any(found):
                     entries[instance["name"]] = [path for path in found if path]
                     plans[instance["name"]] = plan(instance, *map(read_entry, found))
-        result.update(changed=False, calibration_entries=entries, ansible_facts={"vllm_plans": plans})
+        serve_args = self._filter("vllm_serve_args")
+        plans, later = hold_back(plans, args["running"],
+                                 lambda p: (serve_args(p, {}), p.get("env")))
+        result.update(changed=False, calibration_entries=entries,
+                      ansible_facts={"vllm_plans": plans, "vllm_plans_later": later})
         return result

@@ -72,6 +72,14 @@ options:
     description: The calibration store's directory on the controller; empty plans without it.
     type: str
     default: ""
+  running:
+    description:
+      - The plans the instances were started with, by instance name (after a start, to plan again with what it
+        measured). A new plan that would change an instance's command line or environment is not returned in
+        C(vllm_plans), which keeps the running plan, but in C(vllm_plans_later): it waits for the next apply, which
+        writes it together with the unit's drop-in, so that the plan file on the host is always what runs.
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -98,7 +106,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 ansible_facts:
-  description: C(vllm_plans), the plan of each instance by name (the vllm_sizing filter's result).
+  description:
+    - C(vllm_plans), the plan of each instance by name (the vllm_sizing filter's result), and C(vllm_plans_later),
+      the new plans O(running) holds back (empty without it).
   returned: success
   type: dict
 calibration_entries:
