@@ -325,6 +325,10 @@ def test_6_host_vllm_refuses_at_start_stops_the_roll_with_that_host_drained(tmp_
         assert stopped, out[-3000:]
         # The roll's last word carries vLLM's reason and the diagnosis, not just "One or more items failed".
         assert "failure 1 (startup)" in stopped[0] and "estimated maximum model length is 32640" in stopped[0], stopped
+        # The wait said, every vllm_ready_progress_every (30 s), what it waited for, how long so far and the limit.
+        waiting = [line for line in out.splitlines()
+                   if "vllm-2: waiting for vllm@main.service (port 8000) to serve a completion: " in line]
+        assert waiting and all(", at most 600 s; unit " in line for line in waiting), out[-3000:]
         p = unit_props("vllm-2", UNIT, "ActiveState", "Result", "NRestarts")
         print(f"after a configuration vLLM refuses: {p}")
         assert p["ActiveState"] == "failed" and p["Result"] in ("start-limit-hit", "exit-code")

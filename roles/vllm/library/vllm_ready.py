@@ -17,6 +17,18 @@ options:
   model: {description: served model name sent in the completion, type: str, required: true}
   api_key: {description: API key (VLLM_API_KEY), type: str, default: ""}
   timeout: {description: seconds to wait in all, type: int, default: 900}
+  progress_every:
+    description:
+      - Every this many seconds of waiting, the task prints what it waits for, how long so far and the limit (the
+        role's action plugin runs the module for a slice of the wait at a time). 0 waits in one run, silently.
+    type: int
+    default: 30
+  fail_on_timeout:
+    description:
+      - Internal (set by the action for each slice but the last). With false, running out of O(timeout) returns
+        C(ready=false) and the last check instead of failing with a diagnosis. A unit that failed fails either way.
+    type: bool
+    default: true
   journal_lines: {description: journal lines returned on failure, type: int, default: 40}
   startup_report:
     description:
@@ -40,6 +52,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 seconds: {description: seconds waited, type: float, returned: always}
+ready: {description: whether the instance served a completion (false only without fail_on_timeout), type: bool,
+        returned: always}
+last: {description: "the last check, when not ready (e.g. /health answered 503)", type: str, returned: when not ready}
 restarts: {description: the unit's NRestarts, type: int, returned: always}
 start_to_ready:
   description: seconds from the server process's start to the unit becoming active (/health 200), per systemd
@@ -91,6 +106,8 @@ def main():
             model=dict(type="str", required=True),
             api_key=dict(type="str", default="", no_log=True),
             timeout=dict(type="int", default=900),
+            progress_every=dict(type="int", default=30),
+            fail_on_timeout=dict(type="bool", default=True),
             journal_lines=dict(type="int", default=40),
             startup_report=dict(type="bool", default=False),
             startup_lines=dict(type="int", default=5000),
@@ -99,7 +116,7 @@ def main():
     )
     p = module.params
     if module.check_mode:
-        module.exit_json(changed=False, seconds=0.0, restarts=0)
+        module.exit_json(changed=False, ready=True, seconds=0.0, restarts=0)
     base = "http://127.0.0.1:%d" % p["port"]
     start = time.monotonic()
     last = "not checked yet"
@@ -118,7 +135,7 @@ def main():
             if status == 200 and '"choices"' in body and state.get("ActiveState") == "active":
                 started = int(state.get("ExecMainStartTimestampMonotonic") or 0)
                 active = int(state.get("ActiveEnterTimestampMonotonic") or 0)
-                result = dict(changed=False, seconds=round(time.monotonic() - start, 1),
+                result = dict(changed=False, ready=True, seconds=round(time.monotonic() - start, 1),
                               restarts=int(state.get("NRestarts", 0) or 0),
                               start_to_ready=round((active - started) / 1e6, 2) if active > started > 0 else None)
                 if p["startup_report"] and state.get("InvocationID"):
@@ -130,6 +147,9 @@ def main():
             last = "/health answered %s" % (status if status is not None else body)
         time.sleep(1)  # a poll is a local GET and a systemctl show: cheap, and a second less per start
     else:
+        if not p["fail_on_timeout"]:
+            module.exit_json(changed=False, ready=False, last=last, seconds=round(time.monotonic() - start, 1),
+                             restarts=int(state.get("NRestarts", 0) or 0), unit_state=state)
         last = "not ready after %ds; last check: %s" % (p["timeout"], last)
     # Diagnose from a long tail: after restarts the telling line sits above many traceback lines.
     _rc, journal, _err = module.run_command(
