@@ -82,3 +82,42 @@ def test_healthy_stops_when_the_server_process_is_gone():
         assert out.returncode == 1 and f"(pid {gone}) exited" in out.stderr
     finally:
         server.shutdown()
+
+
+def hf_cache(tmp_path):
+    """A Hugging Face cache entry as the hub lays it out: blobs, and a snapshot of links to them."""
+    entry = tmp_path / "hub" / "models--org--tiny"
+    (entry / "blobs").mkdir(parents=True)
+    snapshot = entry / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    for name, blob, size in (("model-00001-of-00002.safetensors", "b1", 3 << 20),
+                             ("model-00002-of-00002.safetensors", "b2", 1 << 20), ("config.json", "b3", 200)):
+        (entry / "blobs" / blob).write_bytes(os.urandom(size))
+        (snapshot / name).symlink_to(f"../../blobs/{blob}")
+    return entry
+
+
+def test_prefetch_reads_each_file_once_while_memory_allows(tmp_path):
+    import json
+    entry = hf_cache(tmp_path)
+    out = run("prefetch", "--path", str(entry), "--reserve-mib", "0")
+    assert out.returncode == 0, out.stderr
+    read = json.loads(out.stdout)
+    # Blobs and the snapshot's links to them are the same three files, read once.
+    assert read["files"] == 3 and read["bytes"] == (4 << 20) + 200 and read["skipped_bytes"] == 0
+
+
+def test_prefetch_keeps_the_reserve_and_reads_nothing_it_would_eat(tmp_path):
+    import json
+    entry = hf_cache(tmp_path)
+    with open("/proc/meminfo") as handle:
+        available_mib = next(int(line.split()[1]) for line in handle if line.startswith("MemAvailable:")) // 1024
+    out = run("prefetch", "--path", str(entry), "--reserve-mib", str(available_mib + 1024))
+    assert out.returncode == 0, out.stderr
+    read = json.loads(out.stdout)
+    assert read["files"] == 0 and read["bytes"] == 0 and read["skipped_bytes"] == (4 << 20) + 200
+
+
+def test_prefetch_of_a_missing_directory_reads_nothing(tmp_path):
+    out = run("prefetch", "--path", str(tmp_path / "absent"))
+    assert out.returncode == 0 and '"files": 0' in out.stdout, out.stderr

@@ -162,6 +162,10 @@ def test_1_a_roll_killed_after_a_drain_and_after_a_stop_is_resumed_and_loses_no_
               f" s, overhead {rec['overhead_s']} s")
         assert rec["outcome"] == "ok" and rec["vllm_start_to_ready_s"] > 0
         assert abs(rec["total_s"] - rec["overhead_s"] - rec["vllm_start_to_ready_s"]) < 0.1
+        # The model's files were read into the page cache while the host drained (the tiny model: weights, config,
+        # tokenizer), none skipped.
+        assert rec["prefetch"]["files"] >= 3 and rec["prefetch"]["bytes"] > 0, rec["prefetch"]
+        assert rec["prefetch"]["skipped_bytes"] == 0, rec["prefetch"]
 
 
 def test_1b_a_failure_domain_leaves_together_and_the_capacity_guard_counts_it_out():

@@ -23,7 +23,7 @@ COLUMNS = (("drain", "drain_wait_s"), ("stop", "stop_s"), ("start->ready", "star
            ("overhead", "overhead_s"))
 
 
-def host_record(host, outcome, error, events, start_to_ready, resumed):
+def host_record(host, outcome, error, events, start_to_ready, resumed, prefetch=None):
     """One host's record: the time between its steps (events: [{time, host, state}], the last of a state counts),
     vLLM's own start-to-ready (the slowest instance's, from systemd; None when no instance reached it) and the
     overhead: everything the roll added around that restart."""
@@ -45,7 +45,7 @@ def host_record(host, outcome, error, events, start_to_ready, resumed):
             "total_s": round(total, 2),
             "vllm_start_to_ready_s": round(vllm, 2) if vllm is not None else None,
             "overhead_s": round(total - vllm, 2) if vllm is not None else None,
-            "resumed": resumed, "events": events}
+            "resumed": resumed, "prefetch": prefetch, "events": events}
 
 
 def write(path, document):
@@ -92,7 +92,7 @@ def table(report):
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(("run_dir", "host", "outcome", "error", "events", "start_to_ready", "resumed",
-                             "assemble"))
+                             "prefetch", "assemble"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -122,7 +122,7 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail("roll_report: %s: events must be a list of {time, host, state}" % host)
         try:
             record = host_record(host, args["outcome"], args.get("error") or "", events, start_to_ready,
-                                 args.get("resumed"))
+                                 args.get("resumed"), args.get("prefetch"))
         except (TypeError, ValueError) as exc:
             raise AnsibleActionFail("roll_report: %s" % exc) from exc
         result["path"] = os.path.join(run_dir, "hosts", host + ".json")

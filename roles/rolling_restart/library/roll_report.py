@@ -11,7 +11,7 @@ description:
   - Without O(assemble), writes C(<run_dir>/hosts/<host>.json), the host's record: outcome, error, the seconds
     between its steps (drain, stop, start to ready, enable, total), vLLM's own start-to-ready (the slowest
     instance's, from systemd) and the overhead (total minus vLLM's own start-to-ready), the journal's record of an
-    earlier roll this run resumed, and its events.
+    earlier roll this run resumed, what the prefetch of the model's files read, and its events.
   - With O(assemble=true), reads every record in C(<run_dir>/hosts), writes C(<run_dir>/report.json) (run_id,
     outcome, hosts by name, every event in time order) and returns the per-host table an operator reads at the end
     of the roll. The roll assembles once, after its last batch or the batch that failed.
@@ -48,6 +48,10 @@ options:
     default: []
   resumed:
     description: The roll journal's record of the earlier roll that left this host out, when this run resumed it.
+    type: dict
+  prefetch:
+    description: What reading the model's files into the page cache while the host drained read (files, bytes,
+      skipped_bytes, seconds; the vllm role's tasks/prefetch.yml).
     type: dict
 author: vllm-fleet
 """
