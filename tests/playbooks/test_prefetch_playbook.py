@@ -10,6 +10,27 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 
 
+def prefetch(tmp_path, helper_dir, model_dir, **extra):
+    """Run both task files on a local host; returns (the run, vllm_prefetch as it was set)."""
+    book = tmp_path / "prefetch.yml"
+    book.write_text(json.dumps([{"hosts": "gpu-a", "gather_facts": False, "tasks": [
+        {"ansible.builtin.include_role": {"name": "vllm", "tasks_from": "prefetch"}},
+        {"ansible.builtin.include_role": {"name": "vllm", "tasks_from": "prefetch_wait"}},
+        {"ansible.builtin.copy": {"content": "{{ vllm_prefetch | to_json }}", "dest": str(tmp_path / "read.json"),
+                                  "mode": "0600"}}]}]))
+    inventory = tmp_path / "hosts.json"
+    inventory.write_text(json.dumps({"all": {"hosts": {"gpu-a": {
+        "ansible_connection": "local", "ansible_python_interpreter": PYTHON}}}}))
+    run = subprocess.run(
+        [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", str(inventory), str(book),
+         "-e", json.dumps(dict({"vllm_helper_dir": str(helper_dir), "vllm_model_dir": str(model_dir)}, **extra))],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+                 ANSIBLE_ROLES_PATH=os.path.join(ROOT, "roles"), ANSIBLE_ASYNC_DIR=str(tmp_path / "async")))
+    assert run.returncode == 0, run.stdout[-3000:]
+    return json.loads((tmp_path / "read.json").read_text())
+
+
 def test_the_models_files_are_read_in_the_background_and_reported(tmp_path):
     helper_dir = tmp_path / "libexec"
     helper_dir.mkdir()
@@ -21,24 +42,7 @@ def test_the_models_files_are_read_in_the_background_and_reported(tmp_path):
     model.mkdir()
     (model / "model.safetensors").write_bytes(os.urandom(2 << 20))
     (model / "config.json").write_text("{}")
-    book = tmp_path / "prefetch.yml"
-    book.write_text(json.dumps([{"hosts": "gpu-a", "gather_facts": False, "tasks": [
-        {"ansible.builtin.include_role": {"name": "vllm", "tasks_from": "prefetch"}},
-        {"ansible.builtin.include_role": {"name": "vllm", "tasks_from": "prefetch_wait"}},
-        {"ansible.builtin.copy": {"content": "{{ vllm_prefetch | to_json }}", "dest": str(tmp_path / "read.json"),
-                                  "mode": "0600"}}]}]))
-    inventory = tmp_path / "hosts.json"
-    inventory.write_text(json.dumps({"all": {"hosts": {"gpu-a": {
-        "ansible_connection": "local", "ansible_python_interpreter": PYTHON}}}}))
-    run = subprocess.run(
-        [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", str(inventory), str(book),
-         "-e", json.dumps({"vllm_helper_dir": str(helper_dir), "vllm_model_dir": str(model),
-                           "vllm_prefetch_reserve_mib": 0})],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-        env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
-                 ANSIBLE_ROLES_PATH=os.path.join(ROOT, "roles"), ANSIBLE_ASYNC_DIR=str(tmp_path / "async")))
-    assert run.returncode == 0, run.stdout[-3000:]
-    read = json.loads((tmp_path / "read.json").read_text())
+    read = prefetch(tmp_path, helper_dir, model, vllm_prefetch_reserve_mib=0)
     assert read["files"] == 2 and read["bytes"] == (2 << 20) + 2 and read["skipped_bytes"] == 0
 
 
@@ -47,20 +51,4 @@ def test_a_read_that_fails_is_reported_and_does_not_stop_the_roll(tmp_path):
     helper_dir = tmp_path / "libexec"
     helper_dir.mkdir()
     (helper_dir / "vllm-unit-helper").write_text("#!/bin/sh\n")
-    book = tmp_path / "prefetch.yml"
-    book.write_text(json.dumps([{"hosts": "gpu-a", "gather_facts": False, "tasks": [
-        {"ansible.builtin.include_role": {"name": "vllm", "tasks_from": "prefetch"}},
-        {"ansible.builtin.include_role": {"name": "vllm", "tasks_from": "prefetch_wait"}},
-        {"ansible.builtin.copy": {"content": "{{ vllm_prefetch | to_json }}", "dest": str(tmp_path / "read.json"),
-                                  "mode": "0600"}}]}]))
-    inventory = tmp_path / "hosts.json"
-    inventory.write_text(json.dumps({"all": {"hosts": {"gpu-a": {
-        "ansible_connection": "local", "ansible_python_interpreter": PYTHON}}}}))
-    run = subprocess.run(
-        [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", str(inventory), str(book),
-         "-e", json.dumps({"vllm_helper_dir": str(helper_dir), "vllm_model_dir": str(tmp_path)})],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-        env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
-                 ANSIBLE_ROLES_PATH=os.path.join(ROOT, "roles"), ANSIBLE_ASYNC_DIR=str(tmp_path / "async")))
-    assert run.returncode == 0, run.stdout[-3000:]
-    assert json.loads((tmp_path / "read.json").read_text())["error"] == "Error executing command. (rc 13)"
+    assert prefetch(tmp_path, helper_dir, tmp_path) == {"error": "Error executing command. (rc 13)"}
