@@ -97,11 +97,12 @@ test:
 demo: venv fleet-deps
 	bash scripts/demo.sh
 
-bench: venv
+bench: venv models
 	$(BIN)/python benchmarks/bench_sizing.py
 	$(BIN)/python benchmarks/bench_budget.py
 	$(BIN)/python benchmarks/bench_calibration.py
 	$(BIN)/python benchmarks/bench_controller.py
+	$(VLLM_FLEET_CACHE)/vllm-venv/bin/python benchmarks/bench_warm_start.py $(VLLM_FLEET_CACHE)/models/tiny-llama
 
 clean:
 	for s in $(SCENARIOS); do $(BIN)/molecule destroy -s $$s || true; done

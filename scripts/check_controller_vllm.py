@@ -75,15 +75,19 @@ def request(url, body=None, timeout=5):
         return response.status, response.read().decode()
 
 
-def serve_one(model_dir, timeout, log):
-    """None when a completion came back, else why not."""
+def serve_one(model_dir, timeout, log, args=("--enforce-eager",), env=None, timings=None):
+    """None when a completion came back, else why not. The server gets `args` after the model and port, `env` on
+    top of this process's environment; `timings` (a dict) receives the seconds from the start to /health 200
+    (ready_s) and to the first completion (completion_s)."""
     port = free_port()
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", **(env or {}))
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-               "--max-model-len", "512", "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)]
+               "--max-model-len", "512", "--host", "127.0.0.1", "--port", str(port), *args]
+    started = time.monotonic()
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = "http://127.0.0.1:%d" % port
-    deadline = time.monotonic() + timeout
+    deadline = started + timeout
+    timings = {} if timings is None else timings
     try:
         while True:
             if proc.poll() is not None:
@@ -92,10 +96,11 @@ def serve_one(model_dir, timeout, log):
                 return "the server was not ready within %d s" % timeout
             try:
                 if request(base + "/health")[0] == 200:
+                    timings["ready_s"] = time.monotonic() - started
                     break
             except (OSError, urllib.error.URLError):
                 pass
-            time.sleep(1)
+            time.sleep(0.25)
         # /health says 200 even when the first forward pass will kill the engine: only a completion proves it.
         body = {"model": model_dir, "prompt": "the GPU memory", "max_tokens": 2, "temperature": 0}
         try:
@@ -106,6 +111,7 @@ def serve_one(model_dir, timeout, log):
             return "/health said 200, then the completion failed: %s" % exc
         if status != 200 or not json.loads(text).get("choices"):
             return "/health said 200, then the completion answered %d: %s" % (status, text[:200])
+        timings["completion_s"] = time.monotonic() - started
         return None
     finally:
         stop(proc)
