@@ -19,7 +19,7 @@ cap in "capped_by" (the plan's own "loadtest"), so passing at the cap keeps it i
 
 import re
 
-from .common import as_dict, fail, gib
+from .common import as_dict, as_utilization, fail, gib
 
 # The parts of the budget a report measures: report key -> budget key.
 PARTS = {"model_loading_bytes": "weights_bytes", "activation_peak_bytes": "activation_peak_bytes",
@@ -68,11 +68,8 @@ def measurement(value):
         if name.endswith("_bytes") and (isinstance(number, bool) or not isinstance(number, int) or number < 0):
             fail("policy.measured: %s must be a number of bytes, got %r (pass vllm_startup_report's dict or a "
                  "calibration store entry)" % (name, number))
-    utilization = report.get("gpu_memory_utilization")
-    if utilization is not None and (isinstance(utilization, bool) or not isinstance(utilization, (int, float))
-                                    or not 0 < utilization <= 1):
-        fail("policy.measured: gpu_memory_utilization must be a number above 0 and at most 1, got %r (pass "
-             "vllm_startup_report's dict or a calibration store entry)" % (utilization,))
+    if report.get("gpu_memory_utilization") is not None:
+        as_utilization(report["gpu_memory_utilization"], "policy.measured: gpu_memory_utilization")
     if not any(k in report for k in list(PARTS) + ["available_kv_cache_bytes"]):
         fail("policy.measured holds none of %s: not a vllm_startup_report of a start"
              % ", ".join(list(PARTS) + ["available_kv_cache_bytes"]))
@@ -81,11 +78,13 @@ def measurement(value):
         fail("policy.measured.key must be the store directory the entry was recorded under (vllm_calibration_key), "
              "got %r" % (key,))
     request = as_dict(entry.get("request"), "policy.measured.request") if "report" in entry else {}
-    for name, check in (("gpu_memory_utilization", lambda v: isinstance(v, (int, float)) and 0 < v <= 1),
-                        ("memory_total_mib", lambda v: isinstance(v, int) and v > 0)):
-        value = request.get(name)
-        if value is not None and (isinstance(value, bool) or not check(value)):
-            fail("policy.measured.request.%s must be the plan's %s at that start, got %r" % (name, name, value))
+    if request.get("gpu_memory_utilization") is not None:
+        as_utilization(request["gpu_memory_utilization"],
+                       "policy.measured.request.gpu_memory_utilization (the plan's at that start)")
+    total = request.get("memory_total_mib")
+    if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total <= 0):
+        fail("policy.measured.request.memory_total_mib must be the plan's memory_total_mib at that start, got %r"
+             % (total,))
     source = {k: entry[k] for k in ("host", "instance", "started_at") if entry.get(k) is not None}
     return {"report": report, "key": key, "source": source, "request": request}
 

@@ -55,6 +55,16 @@ def as_number(value, field, maximum=None):
     return value
 
 
+def as_utilization(value, field):
+    """gpu_memory_utilization, the one valid range of this project for it everywhere (the policy, the flag it
+    renders, a start's record): above 0 and below 1. vLLM takes 1.0, but it leaves PyTorch and prefill spikes no
+    headroom, and no plan here asks for it, so a record that says 1.0 is not of one of its plans."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        fail("%s must be a number between 0 and 1 (exclusive: 1.0 leaves PyTorch and prefill spikes no headroom), "
+             "got %r" % (field, value))
+    return float(value)
+
+
 def as_bool(value, field, default=None):
     """A real boolean (None: default). A string is never taken for one: bool("false") is true."""
     if value is None:

@@ -6,7 +6,7 @@ between releases, in the version table), the serving options a plan takes, and t
 
 import json
 
-from .common import as_dict, fail
+from .common import as_dict, as_utilization, fail
 from .shape import DTYPES
 from .versions import VERSIONS, resolve_version
 
@@ -23,7 +23,7 @@ SIZING_POLICY = {"model": "policy.model (the role: vllm_model or vllm_model_dir)
 # The only place vLLM flags are spelled, but for the negative forms of booleans, which change between releases and
 # so live in the release table (VERSIONS[...]["negative_flags"], with the flags a release lacks and the choices its
 # parser enforces). kind: str, int and number (one argument; min and max
-# inclusive), choice (one of choices), list (nargs+), json (a dict as JSON), bool (bare flag when true; when false
+# inclusive), utilization (common.as_utilization, the one range of gpu_memory_utilization), choice (one of choices), list (nargs+), json (a dict as JSON), bool (bare flag when true; when false
 # nothing, or the release's negative form for default_on booleans: some release turns them on by default, so off
 # must be said).
 FLAGS = {
@@ -33,7 +33,7 @@ FLAGS = {
     "served_model_name": {"flag": "--served-model-name", "kind": "list"},
     "tensor_parallel_size": {"flag": "--tensor-parallel-size", "kind": "int", "min": 1},
     "pipeline_parallel_size": {"flag": "--pipeline-parallel-size", "kind": "int", "min": 1},
-    "gpu_memory_utilization": {"flag": "--gpu-memory-utilization", "kind": "number", "min": 0, "max": 1},
+    "gpu_memory_utilization": {"flag": "--gpu-memory-utilization", "kind": "utilization"},
     "max_model_len": {"flag": "--max-model-len", "kind": "int", "min": 1},
     "max_num_seqs": {"flag": "--max-num-seqs", "kind": "int", "min": 1},
     "max_num_batched_tokens": {"flag": "--max-num-batched-tokens", "kind": "int", "min": 1},
@@ -147,6 +147,8 @@ def _render(key, spec, value, version, field):
         if value not in spec["choices"]:
             fail("%s must be one of %s, got %r" % (field, ", ".join(spec["choices"]), value))
         words = [value]
+    elif kind == "utilization":
+        words = [str(as_utilization(value, field))]
     elif kind == "str":
         if not isinstance(value, str):
             fail("%s must be a string, got %r" % (field, value))

@@ -6,11 +6,11 @@ taken for a boolean. The rest of the package trusts what these functions return.
 """
 
 from .budget import UTILIZATION
-from .common import MiB, as_bool, as_dict, as_int, fail
+from .common import MiB, as_bool, as_dict, as_int, as_utilization, fail
 from .kv import parse_capability
 
 # key: (kind, default, description for messages). Kinds: int (>= 1), bytes (>= 0), bool, str, dict, fraction
-# (0 < x < 1), choice (a tuple of values), block (a positive int, the version's choices checked by kv_layout).
+# (common.as_utilization: 0 < x < 1), choice (a tuple of values), block (a positive int, the version's choices checked by kv_layout).
 WORKLOAD = {
     "p99_context": ("int", None, "tokens of the 99th-percentile request, prompt plus completion"),
     "peak_concurrency": ("int", None, "concurrent sequences at peak"),
@@ -64,10 +64,7 @@ def _value(kind, value, field):
     if kind == "dict":
         return as_dict(value, field)
     if kind == "fraction":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-            fail("%s must be a number between 0 and 1 (exclusive: 1.0 leaves PyTorch and prefill spikes no "
-                 "headroom), got %r" % (field, value))
-        return float(value)
+        return as_utilization(value, field)
     if value not in kind:
         fail("%s must be one of %s, got %r" % (field, ", ".join(kind), value))
     return value

@@ -469,3 +469,22 @@ def test_malformed_quantization_config_names_the_field(quant, message):
 QUANT_OK = {"mxfp4": GPT_OSS_QUANT, "fp8": FP8_QUANT, "compressed-tensors": CT_QUANT,
             "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128, "modules_to_not_convert": ["mlp.(gate|up)"]},
             "awq": {"quant_method": "awq", "bits": 4, "group_size": 128, "dynamic": {"-:lm_head": {}}}}
+
+
+@pytest.mark.parametrize("value", [0, 1.0, 1.2, -0.5, "0.9", float("nan")])
+def test_gpu_memory_utilization_has_one_valid_range_everywhere(plan, value):
+    """The policy's door, the flag the plan renders and a start's record in the calibration store all take
+    gpu_memory_utilization through common.as_utilization: the same values are refused, with the same words."""
+    plan_ok = plan
+    message = r"must be a number between 0 and 1 \(exclusive: 1.0 leaves PyTorch and prefill spikes no headroom\)"
+    with pytest.raises(AnsibleFilterError, match=r"policy.gpu_memory_utilization " + message):
+        vllm_sizing([gpu("A10G", 23028, "8.6")], vllm_model("Qwen/Qwen3-8B"), {"p99_context": 4096},
+                    {"gpu_memory_utilization": value})
+    with pytest.raises(AnsibleFilterError, match=r"gpu_memory_utilization.* " + message):
+        vllm_serve_args(dict(plan_ok, engine_args=dict(plan_ok["engine_args"], gpu_memory_utilization=value)))
+    report = {"available_kv_cache_bytes": 1 << 30, "gpu_memory_utilization": value}
+    with pytest.raises(AnsibleFilterError, match=r"policy.measured: gpu_memory_utilization " + message):
+        sz.calibration.measurement(report)
+    entry = {"report": {"available_kv_cache_bytes": 1 << 30}, "request": {"gpu_memory_utilization": value}}
+    with pytest.raises(AnsibleFilterError, match=r"policy.measured.request.gpu_memory_utilization .*" + message):
+        sz.calibration.measurement(entry)

@@ -67,8 +67,8 @@ def test_the_prediction_is_compared_with_the_kv_vllm_had_at_the_plans_utilizatio
     unknown, _ = bench_calibration.bench_budget.predict(log, measured=bare)
     assert unknown["calibration"]["error_percent"] is None and unknown["calibration"]["flagged"] is False
     assert unknown["calibration"]["compared_kv_cache_bytes"] is None
-    with pytest.raises(AnsibleFilterError, match=r"policy.measured: gpu_memory_utilization must be a number above 0 "
-                       r"and at most 1, got '0.9'"):
+    with pytest.raises(AnsibleFilterError, match=r"policy.measured: gpu_memory_utilization must be a number between 0 "
+                       r"and 1 \(exclusive: 1.0 leaves PyTorch and prefill spikes no headroom\), got '0.9'"):
         bench_calibration.bench_budget.predict(log, measured=dict(report, gpu_memory_utilization="0.9"))
 
 
