@@ -10,7 +10,8 @@ has four distinct configurations, as fleets do. Then, timed in the same run:
 - the floor: one set_fact per host, the least a play over these hosts costs in Ansible;
 - playbooks/plan.yml, which plans every host and prints the table;
 - with --roll-report, the roll's report path alone (roles/rolling_restart/tasks/report.yml after a host's events, in
-  batches of 10 %): what every host of a roll pays to record itself and rebuild report.json, nothing restarted.
+  batches of 10 %): what every host of a roll pays to record itself, and the run's report.json, table and
+  timeline.png made once at the end, nothing restarted.
 
 Printed: seconds, the ratio to the floor, and seconds per 1,000 hosts (a ratio that grows with the size is a cost
 that grows faster than the fleet). Both run with ansible.cfg's callbacks (profile_tasks among them); --profile prints
@@ -54,7 +55,7 @@ ROLL_REPORT = [{"name": "The roll's report path", "hosts": "vllm", "gather_facts
         "rolling_restart_events": [{"time": float(n), "host": "{{ inventory_hostname }}", "state": state}
                                    for n, state in enumerate(("start", "drained", "stopped", "ready", "enabled"))],
         "rolling_restart_outcome": "ok", "rolling_restart_error": ""}},
-    {"name": "Record the host and rebuild the run's report",
+    {"name": "Record the host (and, after the last batch, the run's report)",
      "ansible.builtin.include_role": {"name": "rolling_restart", "tasks_from": "report"}}]}]
 
 
