@@ -66,11 +66,16 @@ under_load() {
 
 log "5/7 rolling restart under load (playbooks/rolling_restart.yml), then the naive pattern under the same load"
 roll_rc=0
-under_load roll ansible-playbook -i "$inventory" playbooks/rolling_restart.yml || roll_rc=$?
-keep_roll_report() {  # the newest roll's report (run directories are named after their start time)
-  cp "$(ls -d reports/rolling-restart/*/ | sort | tail -1)report.json" "$out/$1"
+# The roll draws its own timeline.png (tools/timeline.py) with the load's requests above its hosts' states.
+under_load roll ansible-playbook -i "$inventory" playbooks/rolling_restart.yml \
+  -e "rolling_restart_load_events=$PWD/$out/roll-load.jsonl" || roll_rc=$?
+keep_roll_report() {  # the newest roll's report and timeline (run directories are named after their start time)
+  local run
+  run=$(ls -d reports/rolling-restart/*/ | sort | tail -1)
+  cp "${run}report.json" "$out/$1.json"
+  cp "${run}timeline.png" "$out/$2"
 }
-keep_roll_report rolling-restart.json
+keep_roll_report rolling-restart timeline.png
 # The common pattern: restart each host in turn, no drain, not waiting for the balancer. Its host events (for the
 # timeline) are when each `systemctl restart` began and returned.
 naive_restart() {
@@ -105,9 +110,9 @@ print(json.dumps({s["name"]: s["state"] for s in run["plays"][0]["tasks"][0]["ho
 }
 bad_roll_rc=0
 under_load bad-roll ansible-playbook -i "$inventory" playbooks/rolling_restart.yml -e rolling_restart_apply_config=true \
-  -e "@$bad" || bad_roll_rc=$?
+  -e "@$bad" -e "rolling_restart_load_events=$PWD/$out/bad-roll-load.jsonl" || bad_roll_rc=$?
 servers bad-roll
-keep_roll_report bad-roll.json
+keep_roll_report bad-roll timeline-bad-roll.png
 log "   the roll stopped at its first host (exit $bad_roll_rc); putting that host back with the inventory's configuration"
 first=$(python -c 'import json,sys; print(sorted(json.load(open(sys.argv[1]))["hosts"])[0])' "$out/bad-roll.json")
 ansible-playbook -i "$inventory" playbooks/rolling_restart.yml --limit "localhost,$first" \
@@ -135,12 +140,8 @@ for _ in $(seq 30); do  # HAProxy's health checks see the servers UP within seco
 done
 
 log "7/7 summary"
-python tools/timeline.py --requests "$out/roll-load.jsonl" --hosts "$out/rolling-restart.json" --out "$out/timeline.png" \
-  --title "vllm-fleet demo: rolling restart of 3 vLLM hosts under load" >/dev/null
 python tools/timeline.py --requests "$out/naive-load.jsonl" --hosts "$out/naive-hosts.jsonl" --out "$out/timeline-naive.png" \
   --title "the naive pattern: serial systemctl restart, no drain, same load" >/dev/null
-python tools/timeline.py --requests "$out/bad-roll-load.jsonl" --hosts "$out/bad-roll.json" --out "$out/timeline-bad-roll.png" \
-  --title "a configuration vLLM refuses, applied by rolling_restart.yml" >/dev/null
 python tools/timeline.py --requests "$out/bad-naive-load.jsonl" --hosts "$out/bad-naive-hosts.jsonl" \
   --out "$out/timeline-bad-naive.png" --title "the same configuration, applied by the naive loop" >/dev/null
 python - "$out" "$roll_rc" "$loadtest_rc" "$bad_roll_rc" <<'PY'
