@@ -1,4 +1,7 @@
-"""Unit-test helpers: import filter_plugins/vllm_sizing.py directly, shared GPU facts."""
+"""Unit-test helpers: import filter_plugins/vllm_sizing.py directly, load a plugin or a host daemon by its path,
+shared GPU facts."""
+import importlib.machinery
+import importlib.util
 import os
 import sys
 
@@ -6,6 +9,15 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
+
+
+def load_file(path, name):
+    """The Python file at path (an action plugin, a host daemon without .py) as a fresh module called name: the
+    project's plugins live in role folders that Ansible, not Python, knows how to import."""
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+    loader.exec_module(module)
+    return module
 
 
 def gpu(name, total_mib, capability, used_mib=0):

@@ -3,8 +3,6 @@
 State lines and `show stat` columns are as HAProxy 2.6 (Debian 12) prints them; the module talks to a fake admin
 socket that keeps per-server state like HAProxy does (admin flags apart from health, scur, DRAIN of a DOWN server).
 """
-import importlib.machinery
-import importlib.util
 import json
 import os
 import socket
@@ -14,21 +12,14 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "balancer"
 
 
-def load(name, path):
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    spec = importlib.util.spec_from_loader(name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-state_helper = load("haproxy_server_state", ROLE / "files" / "haproxy-server-state")
-servers_module = load("haproxy_servers", ROLE / "library" / "haproxy_servers.py")
+state_helper = load_file(ROLE / "files" / "haproxy-server-state", "haproxy_server_state")
+servers_module = load_file(ROLE / "library" / "haproxy_servers.py", "haproxy_servers")
 
 HEADER = ("# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight "
           "srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state "

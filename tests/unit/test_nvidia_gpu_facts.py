@@ -4,8 +4,6 @@ The parsers are tested on nvidia-smi output as NVIDIA prints it; the stand-in is
 back with the module's parser (round trip) and by running the whole module against it.
 """
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "nvidia_gpu"
@@ -32,10 +31,7 @@ sys.modules.setdefault("ansible.module_utils.nvidia_smi", nvidia_smi)
 import nvidia_gpu_facts as m  # noqa: E402
 
 # The action plugin of the same name: declared GPUs and the count check, on the controller.
-_loader = importlib.machinery.SourceFileLoader("nvidia_gpu_facts_action", str(ROLE / "action_plugins" /
-                                                                                  "nvidia_gpu_facts.py"))
-action = importlib.util.module_from_spec(importlib.util.spec_from_loader(_loader.name, _loader))
-_loader.exec_module(action)
+action = load_file(ROLE / "action_plugins" / "nvidia_gpu_facts.py", "nvidia_gpu_facts_action")
 
 A10G = "0, NVIDIA A10G, GPU-5e8f3f2a-2b8e-4c2e-9a43-0c1e6a7b9d01, 23028, 1, 550.144.03, 8.6, [N/A], 0"
 DRIVER_NOT_LOADED = (

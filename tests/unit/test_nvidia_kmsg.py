@@ -1,8 +1,6 @@
 """roles/nvidia_gpu/module_utils/nvidia_kmsg.py on real NVIDIA kernel lines (tests/fixtures/nvidia-kmsg, each with
 its source), and nvidia-gpu-health (roles/nvidia_gpu/files) end to end on a kernel log in /dev/kmsg's format
 written by the stand-in (tests/fixtures/kernel-log), with the nvidia-smi stand-in."""
-import importlib.machinery
-import importlib.util
 import json
 import os
 import pathlib
@@ -10,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import load_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "nvidia_gpu"
@@ -107,11 +106,7 @@ def test_records_and_pci_addresses():
 
 
 def load_daemon():
-    loader = importlib.machinery.SourceFileLoader("nvidia_gpu_health", str(ROLE / "files" / "nvidia-gpu-health"))
-    spec = importlib.util.spec_from_loader("nvidia_gpu_health", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_file(ROLE / "files" / "nvidia-gpu-health", "nvidia_gpu_health")
 
 
 @pytest.fixture

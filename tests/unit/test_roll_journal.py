@@ -1,27 +1,15 @@
 """roles/rolling_restart/action_plugins/roll_journal.py: the roll journal's writer. An entry is replaced whole (never
 half written), 0600, unchanged when the record is the same; roll_lock's reader reads back what it wrote; forget
 removes it. tests/playbooks/test_roll_lock_playbooks.py runs it through the role's event.yml."""
-import importlib.machinery
-import importlib.util
 import os
 import pathlib
 import stat
 
 import pytest
+from conftest import load_file
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-PLUGINS = ROOT / "roles" / "rolling_restart" / "action_plugins"
-
-
-def load(name):
-    loader = importlib.machinery.SourceFileLoader(name, str(PLUGINS / f"{name}.py"))
-    spec = importlib.util.spec_from_loader(name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-roll_journal, roll_lock = load("roll_journal"), load("roll_lock")
+PLUGINS = pathlib.Path(__file__).resolve().parents[2] / "roles" / "rolling_restart" / "action_plugins"
+roll_journal, roll_lock = (load_file(PLUGINS / f"{name}.py", name) for name in ("roll_journal", "roll_lock"))
 RECORD = {"host": "gpu-a", "step": "drained", "steps": ["start", "draining", "drained"], "since": 1765000000.5,
           "at": 1765000003.25, "playbook": "Roll the vLLM fleet", "run_dir": "/r",
           "options": {"apply_config": False, "apply_driver": False, "loadtest": False}, "error": ""}

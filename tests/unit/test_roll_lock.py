@@ -1,8 +1,6 @@
 """roles/rolling_restart/action_plugins/roll_lock.py: the roll lock is flock(2) held by a process that lives as long
 as the run; a second run is refused naming the first; a run under flock(1) (the scheduled services) sees the lock as
 its own; a run that ends, however it ends, releases it. Real processes and a real lock file."""
-import importlib.machinery
-import importlib.util
 import json
 import os
 import pathlib
@@ -12,21 +10,14 @@ import threading
 import time
 
 import pytest
+from conftest import load_file
 from ansible.errors import AnsibleActionFail
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "roles" / "rolling_restart" / "action_plugins" / "roll_lock.py"
 
 
-def load():
-    loader = importlib.machinery.SourceFileLoader("roll_lock", str(PLUGIN))
-    spec = importlib.util.spec_from_loader("roll_lock", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-roll_lock = load()
+roll_lock = load_file(PLUGIN, "roll_lock")
 
 
 def flock_free(path):

@@ -1,27 +1,14 @@
 """roles/rolling_restart/action_plugins/roll_report.py: a host's record (the seconds between its steps, vLLM's own
 start-to-ready, the overhead), the run's report assembled from the records, and the table the roll ends with. The
 fleet scenario reads the same report after real rolls (test_2_fleet.py)."""
-import importlib.machinery
-import importlib.util
 import json
 import os
-import pathlib
 import stat
 
 import pytest
+from conftest import ROOT, load_file
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def load(name):
-    path = ROOT / "roles" / "rolling_restart" / "action_plugins" / f"{name}.py"
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
-    loader.exec_module(module)
-    return module
-
-
-roll_report = load("roll_report")
+roll_report = load_file(os.path.join(ROOT, "roles", "rolling_restart", "action_plugins", "roll_report.py"), "roll_report")
 
 
 def events(host, **at):

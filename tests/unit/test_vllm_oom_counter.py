@@ -1,20 +1,16 @@
 """files/vllm-oom-counter: runtime OOMs (failure 2) counted from real vLLM log lines for node exporter's textfile
 collector; startup OOMs and prompts that quote OOM text are not counted."""
-import importlib.machinery
-import importlib.util
 import os
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, load_file
 
 ROLE = os.path.join(ROOT, "roles", "vllm")
 LOGS = os.path.join(ROOT, "tests", "fixtures", "vllm-logs")
 # On a host the script imports vllm_diagnosis from its own directory; here from the role's module_utils.
 sys.path.insert(0, os.path.join(ROLE, "module_utils"))
-_loader = importlib.machinery.SourceFileLoader("vllm_oom_counter", os.path.join(ROLE, "files", "vllm-oom-counter"))
-counter = importlib.util.module_from_spec(importlib.util.spec_from_loader("vllm_oom_counter", _loader))
-_loader.exec_module(counter)
+counter = load_file(os.path.join(ROLE, "files", "vllm-oom-counter"), "vllm_oom_counter")
 
 
 def log(name):

@@ -1,23 +1,12 @@
 """roles/vllm/action_plugins/vllm_ready.py: the wait for a start, a slice at a time, with a line between slices
 saying what it waits for, for how long and the limit; the last slice is the one that fails with the diagnosis. The
 module's waiting itself runs on real vLLM in the fleet scenario (test_2_fleet.py, test_6 prints these lines)."""
-import importlib.machinery
-import importlib.util
-import pathlib
+import os
 import types
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from conftest import ROOT, load_file
 
-
-def load(name):
-    path = ROOT / "roles" / "vllm" / "action_plugins" / f"{name}.py"
-    loader = importlib.machinery.SourceFileLoader(name, str(path))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
-    loader.exec_module(module)
-    return module
-
-
-vllm_ready = load("vllm_ready")
+vllm_ready = load_file(os.path.join(ROOT, "roles", "vllm", "action_plugins", "vllm_ready.py"), "vllm_ready")
 
 
 def waits(monkeypatch, answers, **args):

@@ -1,24 +1,19 @@
 """The watchdog's wedge judgement (roles/vllm/files/vllm-watchdog), fed /metrics as the real CPU build printed it
 (tests/fixtures/vllm-metrics: idle, busy twice 2 s apart, and wedged twice 10 s apart after SIGSTOP on EngineCore),
 and its HAProxy agent answering over a real TCP socket on loopback."""
-import importlib.machinery
-import importlib.util
 import os
 import socket
 import sys
 import threading
 
 import pytest
+from conftest import load_file
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 METRICS = os.path.join(ROOT, "tests", "fixtures", "vllm-metrics")
 # On a host the module_utils sit next to the program; here they are the role's own files.
 sys.path.insert(0, os.path.join(ROOT, "roles", "vllm", "module_utils"))
-_loader = importlib.machinery.SourceFileLoader("vllm_watchdog", os.path.join(ROOT, "roles", "vllm", "files",
-                                                                             "vllm-watchdog"))
-_spec = importlib.util.spec_from_loader("vllm_watchdog", _loader)
-watchdog = importlib.util.module_from_spec(_spec)
-_loader.exec_module(watchdog)
+watchdog = load_file(os.path.join(ROOT, "roles", "vllm", "files", "vllm-watchdog"), "vllm_watchdog")
 parse_metrics = watchdog.parse_metrics
 
 STALL, PROBE_TIMEOUT, PROBE_INTERVAL = 60, 30, 60
