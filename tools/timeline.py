@@ -128,9 +128,11 @@ def render(requests, host_events, out: str, title: str = "") -> None:
     for e in host_events:
         if e["state"] not in palette:
             palette[e["state"]] = next(extra)
+    by_host = {host: [] for host in hosts}  # one pass: events are in time order, so each host's stay in order
+    for e in host_events:
+        by_host[e["host"]].append(e)
     spans = {host: [] for host in hosts}  # host: [(start, end, state)], each state until the host's next event
-    for host in hosts:
-        mine = [e for e in host_events if e["host"] == host]
+    for host, mine in by_host.items():
         for j, e in enumerate(mine):
             spans[host].append((e["time"], mine[j + 1]["time"] if j + 1 < len(mine) else t0 + span, e["state"]))
     if len(hosts) <= MAX_HOST_ROWS:
