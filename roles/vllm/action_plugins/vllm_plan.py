@@ -133,9 +133,10 @@ class ActionModule(ActionBase):
                 if any(found):
                     entries[instance["name"]] = [path for path in found if path]
                     plans[instance["name"]] = plan(instance, *map(read_entry, found))
-        serve_args = self._filter("vllm_serve_args")
-        plans, later = hold_back(plans, args["running"],
-                                 lambda p: (serve_args(p, {}), p.get("env")))
+        later = {}
+        if args["running"]:  # after a start only: plan.yml and preflight pass none
+            serve_args = self._filter("vllm_serve_args")
+            plans, later = hold_back(plans, args["running"], lambda p: (serve_args(p, {}), p.get("env")))
         result.update(changed=False, calibration_entries=entries,
                       ansible_facts={"vllm_plans": plans, "vllm_plans_later": later})
         return result
