@@ -22,10 +22,10 @@ SIZING_POLICY = {"model": "policy.model (the role: vllm_model or vllm_model_dir)
 
 # The only place vLLM flags are spelled, but for the negative forms of booleans, which change between releases and
 # so live in the release table (VERSIONS[...]["negative_flags"], with the flags a release lacks and the choices its
-# parser enforces). kind: str, int and number (one argument; min and max
-# inclusive), utilization (common.as_utilization, the one range of gpu_memory_utilization), choice (one of choices), list (nargs+), json (a dict as JSON), bool (bare flag when true; when false
-# nothing, or the release's negative form for default_on booleans: some release turns them on by default, so off
-# must be said).
+# parser enforces). kind: str, int and number (one argument; min and max inclusive), utilization
+# (common.as_utilization, the one range of gpu_memory_utilization), choice (one of choices), list (nargs+), json (a
+# dict as JSON), bool (bare flag when true; when false nothing, or the release's negative form for default_on
+# booleans: some release turns them on by default, so off must be said).
 FLAGS = {
     "model": {"flag": "--model", "kind": "str"},
     "host": {"flag": "--host", "kind": "str"},

@@ -10,7 +10,8 @@ from .common import MiB, as_bool, as_dict, as_int, as_utilization, fail
 from .kv import parse_capability
 
 # key: (kind, default, description for messages). Kinds: int (>= 1), bytes (>= 0), bool, str, dict, fraction
-# (common.as_utilization: 0 < x < 1), choice (a tuple of values), block (a positive int, the version's choices checked by kv_layout).
+# (common.as_utilization: 0 < x < 1), choice (a tuple of values), block (a positive int, the version's choices
+# checked by kv_layout).
 WORKLOAD = {
     "p99_context": ("int", None, "tokens of the 99th-percentile request, prompt plus completion"),
     "peak_concurrency": ("int", None, "concurrent sequences at peak"),
