@@ -3,19 +3,23 @@ venv) and an older one whose release-table row differs (scripts/lib.sh VLLM_ORAC
 kernel sizes, no MLA on CPU), so the rows are checked against the real program, not only against its source.
 
 Each case builds a tiny random-weight model of one attention shape (scripts/make_test_model.py, cached), starts
-vLLM's API server on 127.0.0.1 with a small KV cache and a max_model_len too long for it, and compares what vLLM
-prints ("X GiB KV cache is needed ... available KV cache memory (Y GiB) ... the estimated maximum model length is
+vLLM's engine with a small KV cache and a max_model_len too long for it, and compares what vLLM prints ("X GiB KV cache is needed ... available KV cache memory (Y GiB) ... the estimated maximum model length is
 N", or "CPU KV cache size: N tokens" when it starts) with what the filters compute. The filters are given only
 what an operator knows (the flags passed, this CPU's /proc/cpuinfo flags); the block size, batched tokens and async
-scheduling vLLM resolved are read from its own config (EngineArgs.create_engine_config) and must agree. Servers run
-two at a time (one fixture starts a release's cases), each bounded by a timeout.
+scheduling vLLM resolved are read from its own config (EngineArgs.create_engine_config) and must agree.
+
+The engine is the one vLLM's API server builds (the same EngineArgs, the API server's usage context, the same
+EngineCore and KV check), built in the process that imported vLLM: one process per release (and per KV environment)
+builds every case in turn. The API server would import vLLM three times a case (API server, EngineCore, worker:
+about 30 s on two cores, 11 minutes for the 14 cases); that every argument reaches the engine as the unit file
+passes it is the fleet scenario's to prove, on the API server the hosts run. Two processes run at a time, each
+bounded by a timeout.
 """
 import json
 import os
 import re
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -25,13 +29,13 @@ sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import vllm_sizing as vs  # noqa: E402
 sz = vs.package()  # the package behind the filters, every module loaded
-from check_controller_vllm import free_port, stop  # noqa: E402
 
 pytestmark = pytest.mark.oracle
 
 CACHE = os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet")
 MODELS = os.path.join(CACHE, "models")
-START_TIMEOUT = 180
+# Per process: importing vLLM, then per case (a refused start takes seconds, one that starts up to a minute).
+IMPORT_TIMEOUT, CASE_TIMEOUT = 180, 120
 MAX_LEN = 65536
 
 
@@ -140,18 +144,34 @@ def _engine_args(case, model_dir):
     return args
 
 
-PROBE = """
+# Builds each case's engine in turn and says, between markers, what vLLM resolved and printed. Settings come from
+# the configuration the API server would build (its default executor) and from the one built here (in-process
+# executor): the test checks they agree, so the engine checked is the one a server would run.
+RUNNER = """
 import json, sys
+from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 from vllm.engine.arg_utils import EngineArgs
 from vllm.usage.usage_lib import UsageContext
-out = {}
+from vllm.v1.engine.llm_engine import LLMEngine
+CONTEXT = UsageContext.OPENAI_API_SERVER
+
+def settings(config):
+    return {"block_size": config.cache_config.block_size,
+            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+            "async_scheduling": bool(config.scheduler_config.async_scheduling),
+            "max_model_len": config.model_config.max_model_len}
+
 for name, args in json.loads(sys.argv[1]).items():
-    cfg = EngineArgs(**args).create_engine_config(UsageContext.OPENAI_API_SERVER)
-    out[name] = {"block_size": cfg.cache_config.block_size,
-                 "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
-                 "async_scheduling": bool(cfg.scheduler_config.async_scheduling),
-                 "max_model_len": cfg.model_config.max_model_len}
-print("PROBE " + json.dumps(out))
+    print("ORACLE CASE " + name, flush=True)
+    try:
+        served = settings(EngineArgs(**args).create_engine_config(CONTEXT))
+        inproc = EngineArgs(distributed_executor_backend="uni", **args)
+        print("ORACLE SETTINGS " + json.dumps([served, settings(inproc.create_engine_config(CONTEXT))]), flush=True)
+        LLMEngine.from_engine_args(inproc, usage_context=CONTEXT).engine_core.shutdown()
+    except Exception as error:  # what a server would have died of: the case's verdict, not the runner's
+        print("ORACLE ERROR %s: %s" % (type(error).__name__, " ".join(str(error).split())), flush=True)
+    cleanup_dist_env_and_memory()
+print("ORACLE DONE", flush=True)
 """
 
 
@@ -159,75 +179,55 @@ def _cases(release):
     return list(CASES) if release == FLEET_RELEASE else list(OLDER_CASES)
 
 
-_SETUPS = {}
+def _run(python, cases, kv_space, log_path):
+    """Build the cases' engines in one process; case -> (check match, capacity matches, settings pair, its log)."""
+    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if kv_space:
+        env["VLLM_CPU_KVCACHE_SPACE"] = kv_space
+    timeout = IMPORT_TIMEOUT + CASE_TIMEOUT * len(cases)
+    try:
+        result = subprocess.run([python, "-c", RUNNER, json.dumps(cases)], capture_output=True, text=True,
+                                timeout=timeout, env=env)
+        output = result.stdout + result.stderr
+    except subprocess.TimeoutExpired as expired:
+        output = "%s%s\nORACLE TIMEOUT after %d s" % (expired.stdout or "", expired.stderr or "", timeout)
+    with open(log_path, "w") as log:
+        log.write(output)
+    found = {}
+    for chunk in output.split("ORACLE CASE ")[1:]:
+        name, _, text = chunk.partition("\n")
+        settings = re.search(r"^ORACLE SETTINGS (.*)$", text, re.M)
+        found[name] = (CHECK.search(text),
+                       (CAPACITY.search(text), CONCURRENCY.search(text)) if CAPACITY.search(text) else None,
+                       json.loads(settings.group(1)) if settings else None, text)
+    missing = [case for case in cases if case not in found]
+    assert not missing, "vLLM never reached the cases %s:\n%s" % (missing, output[-3000:])
+    return found
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """release -> (models built, the settings vLLM resolves for each case (one probe process for all), what each
-    case's server printed), made once per release. Two servers at a time: a start is mostly single-threaded Python,
-    and the machine has two cores."""
-    def run(release):
-        if release in _SETUPS:
-            return _SETUPS[release]
-        python = RELEASES[release]
+    """release -> (models built, case -> what vLLM resolved and printed), every release's engines built once, two
+    processes at a time (a start is mostly single-threaded Python, and the machine has two cores)."""
+    for release, python in RELEASES.items():
         if not os.path.exists(python):
             pytest.fail("no venv of vLLM %s at %s: make oracle-vllm builds it" % (release, python))
-        cases = _cases(release)
-        dirs = {shape: _model_dir(shape) for shape in SHAPES}
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
-        args = {case: _engine_args(case, dirs[CASES[case][0]]) for case in cases if _probed(release, case)}
-        result = subprocess.run([python, "-c", PROBE, json.dumps(args)], check=False, capture_output=True,
-                                text=True, timeout=300, env=env)
-        lines = [line for line in result.stdout.splitlines() if line.startswith("PROBE ")]
-        assert lines, "vLLM %s config probe failed:\n%s" % (release, result.stderr[-3000:])
-        logs = tmp_path_factory.mktemp("vllm-%s-logs" % release)
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            served = {case: pool.submit(_serve, python, dirs[CASES[case][0]], CASES[case][1], CASES[case][2],
-                                        str(logs / (case + ".log")))
-                      for case in cases}
-        _SETUPS[release] = dirs, json.loads(lines[-1][len("PROBE "):]), {c: f.result() for c, f in served.items()}
-        return _SETUPS[release]
-    return run
-
-
-def _probed(release, case):
-    """Whether the release's config can be built for the case (the older CPU build refuses MLA models there)."""
-    return not (release != FLEET_RELEASE and SHAPES[CASES[case][0]] is SHAPES["mla"])
-
-
-def _serve(python, model_dir, memory, extra, log_path):
-    """Start vLLM's API server; return (check match, capacity matches, its log). Stops it once it has spoken."""
-    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1")
-    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-               "--max-model-len", str(MAX_LEN), "--enforce-eager", "--host", "127.0.0.1", "--port", str(free_port())]
-    if memory is None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    else:
-        command += ["--kv-cache-memory-bytes", str(memory)]
-    command += extra
-    check = capacity = concurrency = None
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                start_new_session=True)
-        # A start that hangs silently is stopped too: the watchdog ends the output loop below.
-        watchdog = threading.Timer(START_TIMEOUT, stop, (proc,))
-        watchdog.start()
-        try:
-            for line in proc.stdout:
-                log.write(line)
-                check = check or CHECK.search(line)
-                capacity = capacity or CAPACITY.search(line)
-                concurrency = concurrency or CONCURRENCY.search(line)
-                if check or (capacity and concurrency):
-                    break
-        finally:
-            watchdog.cancel()
-            stop(proc)
-    with open(log_path) as log:
-        text = log.read()
-    return check, (capacity, concurrency) if capacity and concurrency else None, text
+    dirs = {shape: _model_dir(shape) for shape in SHAPES}
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    groups = {}  # (release, VLLM_CPU_KVCACHE_SPACE) -> {case: engine args}: the variable is read per process
+    for release in RELEASES:
+        for case in _cases(release):
+            kv_space = "1" if CASES[case][1] is None else ""
+            groups.setdefault((release, kv_space), {})[case] = _engine_args(case, dirs[CASES[case][0]])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {key: pool.submit(_run, RELEASES[key[0]], cases, key[1],
+                                 str(logs / ("%s-%s.log" % (key[0], "space" if key[1] else "bytes"))))
+                for key, cases in groups.items()}
+    results = {}
+    for (release, _), run in runs.items():
+        results.setdefault(release, {}).update(run.result())
+    return dirs, results
 
 
 def _layout(config, settings, kv_cache_dtype, release):
@@ -238,20 +238,22 @@ def _layout(config, settings, kv_cache_dtype, release):
 
 @pytest.mark.parametrize("release, case", [(r, c) for r in RELEASES for c in _cases(r)])
 def test_filters_match_vllm(release, case, setup, record_property):
-    dirs, probe, served = setup(release)
+    dirs, results = setup
     shape, memory, extra, expect_start, optional = CASES[case]
     with open(os.path.join(dirs[shape], "config.json")) as handle:
         config = json.load(handle)  # what from_json gives on the real config.json
-    check, capacity, log = served[case]
+    check, capacity, both, log = results[release][case]
     tail = log[-4000:]
-    if not _probed(release, case):
+    if release != FLEET_RELEASE and SHAPES[shape] is SHAPES["mla"]:
         # The release's CPU build refuses MLA models, and so does its row.
         assert not (check or capacity) and "MLA is not supported on CPU" in log, tail
         with pytest.raises(sz.common.AnsibleFilterError, match=r"does not run MLA models"):
             sz.kv.kv_layout(sz.shape.model_shape(config), 1, 1, "auto", None, None, None, release,
                             sz.kv.device_facts("cpu", cpu_flags=CPU_FLAGS))
         return
-    settings = probe[case]
+    assert both, "vLLM %s could not build the configuration of %s:\n%s" % (release, case, tail)
+    settings, inproc = both
+    assert inproc == settings  # the engine built here resolved what the API server's would
     kv_dtype = extra[extra.index("--kv-cache-dtype") + 1] if "--kv-cache-dtype" in extra else "auto"
     requested_block = _engine_args(case, dirs[shape]).get("block_size")
     memory_bytes = memory if memory is not None else sz.common.GiB
