@@ -128,7 +128,10 @@ def test_the_roll_ends_once_with_its_report_table_and_timeline(tmp_path):
             "rolling_restart_events": [{"time": 1765000000.0 + n, "host": "{{ inventory_hostname }}", "state": state}
                                        for n, state in enumerate(("start", "drained", "stopped", "ready"))],
             "rolling_restart_outcome": "ok", "rolling_restart_error": "",
-            "vllm_ready_result": {"results": [{"start_to_ready": 0.5}, {"failed": True}]}}},
+            "vllm_ready_result": {"results": [
+                {"item": {"name": "main"}, "start_to_ready": 0.5,
+                 "phases": {"weights_s": 0.01, "engine_init_s": 0.3, "other_s": 0.19}},
+                {"item": {"name": "second"}, "failed": True}]}}},
         {"ansible.builtin.include_role": {"name": "rolling_restart", "tasks_from": "report"}}]}]))
     inventory = tmp_path / "hosts.json"
     local = {"ansible_connection": "local", "ansible_python_interpreter": PYTHON}
@@ -143,6 +146,10 @@ def test_the_roll_ends_once_with_its_report_table_and_timeline(tmp_path):
     report = json.loads((run_dir / "report.json").read_text())
     assert report["outcome"] == "ok" and sorted(report["hosts"]) == ["gpu-a", "gpu-b"]
     assert report["hosts"]["gpu-b"]["vllm_start_to_ready_s"] == 0.5 and report["hosts"]["gpu-b"]["stop_s"] == 1.0
+    # Each instance that started keeps its phases (the one that failed has none); the table shows them.
+    assert report["hosts"]["gpu-b"]["start_phases"] == {"main": {"weights_s": 0.01, "engine_init_s": 0.3,
+                                                                 "other_s": 0.19}}
+    assert "gpu-a/main" in out.stdout and "gpu-b/main" in out.stdout, out.stdout[-3000:]
     # Once, after the last batch: one table, naming both hosts.
     assert out.stdout.count("host(s), outcome") == 1 and "2 host(s), outcome ok" in out.stdout, out.stdout[-3000:]
     png = (run_dir / "timeline.png").read_bytes()

@@ -65,6 +65,27 @@ def test_the_report_is_every_record_with_events_in_time_order_and_the_table_read
     assert lines[3] == "2 host(s), outcome failed, 59.0 s from the first host's start to the last step"
 
 
+def test_each_instance_start_phases_follow_the_host_table(tmp_path):
+    """The phases vllm_ready returned (weights, engine init, what was in it, the rest, the first completion) are kept
+    per instance and shown after the run's line; a host without them (failed before ready) has no phase line."""
+    run = tmp_path / "run"
+    (run / "hosts").mkdir(parents=True)
+    phases = {"weights_s": 14.43, "engine_init_s": 21.45, "profile_s": 17.96, "compile_s": None, "graphs_s": 3.0,
+              "other_s": 24.12, "first_completion_s": 0.31}
+    good = roll_report.host_record("gpu-b", "ok", "", events("gpu-b", start=1.0, drained=3.0, stopped=4.0, ready=64.0,
+                                                             enabled=65.0), [60.0], None, None, {"main": phases})
+    bad = roll_report.host_record("gpu-a", "failed", "x", events("gpu-a", start=1.0, failed=2.0), [], None)
+    assert good["start_phases"] == {"main": phases} and bad["start_phases"] == {}
+    for record in (good, bad):
+        roll_report.write(str(run / "hosts" / f"{record['host']}.json"), record)
+    lines = roll_report.table(roll_report.assemble(str(run)))
+    assert lines[4].startswith("vLLM's start (seconds")
+    assert lines[5].split() == ["instance", "weights", "engine", "init", "profile", "compile", "graphs", "other", "1st",
+                                "reply"]
+    assert lines[6].split() == ["gpu-b/main", "14.4s", "21.4s", "18.0s", "-", "3.0s", "24.1s", "0.3s"]
+    assert len(lines) == 7
+
+
 def test_an_empty_run_is_ok_with_no_host(tmp_path):
     (tmp_path / "hosts").mkdir()
     report = roll_report.assemble(str(tmp_path))

@@ -4,11 +4,15 @@ wording of vLLM 0.11-0.34 rendered from its source format string."""
 import glob
 import json
 import os
+import sys
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
 from vllm_startup_report import vllm_startup_report
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "roles", "vllm", "module_utils"))
+import vllm_log  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CORPUS = sorted(glob.glob(os.path.join(ROOT, "tests", "fixtures", "startup-logs", "*.json")))
@@ -293,3 +297,25 @@ def test_lines_as_a_list():
 def test_not_a_log_is_an_error_naming_what_to_pass(bad):
     with pytest.raises(AnsibleFilterError, match="takes vLLM's log as a string or a list of lines"):
         vllm_startup_report(bad)
+
+
+def corpus_log(name):
+    with open(os.path.join(ROOT, "tests", "fixtures", "startup-logs", name + ".json")) as handle:
+        return "\n".join(json.load(handle)["lines"])
+
+
+def test_a_gpu_start_splits_into_weights_engine_init_within_it_and_the_rest():
+    """llm-d-planner's published H100 start (0.19.0): 14.43 s of weights, 21.45 s of engine init with an 18 s profile
+    and 3 s of CUDA graphs in it; with systemd's start-to-ready the rest is what Python and the API server took."""
+    phases = vllm_log.start_phases(vllm_startup_report(corpus_log("llama-3.1-8b-h100-tp1-v0.19.0")), 60.0, 0.31)
+    assert phases == {"weights_s": 14.43, "engine_init_s": 21.45, "profile_s": 17.96, "compile_s": None,
+                      "graphs_s": 3.0, "other_s": 24.12, "first_completion_s": 0.31}
+
+
+def test_a_cpu_build_start_is_mostly_imports_and_processes():
+    """The CPU build's eager start (tests/fixtures/vllm-logs): 0.01 s of weights and 0.68 s of engine init out of a
+    start of about 32 s; no start-to-ready known, no rest; nothing printed, nothing made up."""
+    phases = vllm_log.start_phases(vllm_startup_report(cpu_log("cpu032-startup-eager.log")), 31.9, 0.05)
+    assert phases["weights_s"] == 0.01 and phases["engine_init_s"] == 0.68 and phases["other_s"] == 31.21
+    assert phases["compile_s"] is None and phases["graphs_s"] is None and phases["profile_s"] is None
+    assert vllm_log.start_phases({})["other_s"] is None

@@ -166,6 +166,13 @@ def test_1_a_roll_killed_after_a_drain_and_after_a_stop_is_resumed_and_loses_no_
         # tokenizer), none skipped.
         assert rec["prefetch"]["files"] >= 3 and rec["prefetch"]["bytes"] > 0, rec["prefetch"]
         assert rec["prefetch"]["skipped_bytes"] == 0, rec["prefetch"]
+        # Where vLLM's start went, from its log and the first completion: on the CPU build, the rest (imports,
+        # processes) is most of it; weights and engine init are what it printed.
+        phases = rec["start_phases"]["main"]
+        print(f"{host}: start phases {phases}")
+        assert phases["weights_s"] is not None and phases["engine_init_s"] > 0 and phases["first_completion_s"] > 0
+        assert phases["other_s"] > phases["weights_s"] + phases["engine_init_s"], phases
+    assert "vLLM's start (seconds" in out and "vllm-3/main" in out, out[-3000:]
 
 
 def test_1b_a_failure_domain_leaves_together_and_the_capacity_guard_counts_it_out():

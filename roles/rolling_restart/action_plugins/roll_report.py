@@ -21,12 +21,17 @@ from ansible.plugins.action import ActionBase
 COLUMNS = (("drain", "drain_wait_s"), ("stop", "stop_s"), ("start->ready", "start_to_ready_s"),
            ("vLLM own", "vllm_start_to_ready_s"), ("enable", "enable_s"), ("total", "total_s"),
            ("overhead", "overhead_s"))
+# vLLM's start per instance (the vllm_ready module's phases): (heading, key).
+PHASE_COLUMNS = (("weights", "weights_s"), ("engine init", "engine_init_s"), ("profile", "profile_s"),
+                 ("compile", "compile_s"), ("graphs", "graphs_s"), ("other", "other_s"),
+                 ("1st reply", "first_completion_s"))
 
 
-def host_record(host, outcome, error, events, start_to_ready, resumed, prefetch=None):
+def host_record(host, outcome, error, events, start_to_ready, resumed, prefetch=None, phases=None):
     """One host's record: the time between its steps (events: [{time, host, state}], the last of a state counts),
-    vLLM's own start-to-ready (the slowest instance's, from systemd; None when no instance reached it) and the
-    overhead: everything the roll added around that restart."""
+    vLLM's own start-to-ready (the slowest instance's, from systemd; None when no instance reached it), the
+    overhead: everything the roll added around that restart, and each instance's start phases (instance -> the
+    vllm_ready module's phases)."""
     at = {}
     for event in events:
         at[event["state"]] = float(event["time"])
@@ -45,7 +50,7 @@ def host_record(host, outcome, error, events, start_to_ready, resumed, prefetch=
             "total_s": round(total, 2),
             "vllm_start_to_ready_s": round(vllm, 2) if vllm is not None else None,
             "overhead_s": round(total - vllm, 2) if vllm is not None else None,
-            "resumed": resumed, "prefetch": prefetch, "events": events}
+            "resumed": resumed, "prefetch": prefetch, "start_phases": phases or {}, "events": events}
 
 
 def write(path, document):
@@ -86,13 +91,21 @@ def table(report):
     times = [float(e["time"]) for e in report["events"]]
     lines.append("%d host(s), outcome %s, %.1f s from the first host's start to the last step"
                  % (len(report["hosts"]), report["outcome"], (max(times) - min(times)) if times else 0.0))
+    starts = [("%s/%s" % (host, instance), phases) for host, record in sorted(report["hosts"].items())
+              for instance, phases in sorted(record.get("start_phases", {}).items())]
+    if starts:
+        width = max(len(name) for name, _ in starts)
+        lines.append("vLLM's start (seconds, from its log; other: imports, processes, the API server):")
+        lines.append("%-*s " % (width, "instance") + " ".join("%11s" % heading for heading, _ in PHASE_COLUMNS))
+        lines.extend("%-*s " % (width, name) + " ".join("%11s" % cell(phases.get(key)) for _, key in PHASE_COLUMNS)
+                     for name, phases in starts)
     return lines
 
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(("run_dir", "host", "outcome", "error", "events", "start_to_ready", "resumed",
-                             "prefetch", "assemble"))
+                             "prefetch", "phases", "assemble"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -120,9 +133,12 @@ class ActionModule(ActionBase):
         if not isinstance(events, list) or not all(isinstance(e, dict) and {"time", "state"} <= set(e)
                                                     for e in events):
             raise AnsibleActionFail("roll_report: %s: events must be a list of {time, host, state}" % host)
+        phases = args.get("phases") or {}
+        if not isinstance(phases, dict) or not all(isinstance(p, dict) for p in phases.values()):
+            raise AnsibleActionFail("roll_report: %s: phases must map each instance to its phases" % host)
         try:
             record = host_record(host, args["outcome"], args.get("error") or "", events, start_to_ready,
-                                 args.get("resumed"), args.get("prefetch"))
+                                 args.get("resumed"), args.get("prefetch"), phases)
         except (TypeError, ValueError) as exc:
             raise AnsibleActionFail("roll_report: %s" % exc) from exc
         result["path"] = os.path.join(run_dir, "hosts", host + ".json")

@@ -11,7 +11,8 @@ description:
   - Without O(assemble), writes C(<run_dir>/hosts/<host>.json), the host's record: outcome, error, the seconds
     between its steps (drain, stop, start to ready, enable, total), vLLM's own start-to-ready (the slowest
     instance's, from systemd) and the overhead (total minus vLLM's own start-to-ready), the journal's record of an
-    earlier roll this run resumed, what the prefetch of the model's files read, and its events.
+    earlier roll this run resumed, what the prefetch of the model's files read, each instance's start phases and
+    its events.
   - With O(assemble=true), reads every record in C(<run_dir>/hosts), writes C(<run_dir>/report.json) (run_id,
     outcome, hosts by name, every event in time order) and returns the per-host table an operator reads at the end
     of the roll. The roll assembles once, after its last batch or the batch that failed.
@@ -53,6 +54,12 @@ options:
     description: What reading the model's files into the page cache while the host drained read (files, bytes,
       skipped_bytes, seconds; the vllm role's tasks/prefetch.yml).
     type: dict
+  phases:
+    description: Each instance's start phases, instance name to the vllm_ready module's RV(phases) (weights_s,
+      engine_init_s, profile_s, compile_s, graphs_s, other_s, first_completion_s); the table shows them per
+      instance.
+    type: dict
+    default: {}
 author: vllm-fleet
 """
 
@@ -88,7 +95,7 @@ outcome:
   type: str
 table:
   description: The per-host table (host, outcome, drain, stop, start->ready, vLLM own, enable, total, overhead),
-    one line each, then a line for the run.
+    one line each, then a line for the run, then vLLM's start phases per instance (when the starts reported them).
   returned: with assemble
   type: list
   elements: str

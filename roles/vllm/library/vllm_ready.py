@@ -64,6 +64,14 @@ startup:
   description: what vLLM printed while starting (keys of the vllm_startup_report filter; missing lines are absent)
   type: dict
   returned: success and startup_report
+phases:
+  description: >-
+    the start's phases in seconds, null where the start printed or measured nothing: weights_s, engine_init_s
+    (profile, KV cache, warm-up), within it profile_s, compile_s (torch.compile) and graphs_s (CUDA graphs),
+    other_s (the rest of start_to_ready: imports, process spawns, the API server) and first_completion_s (the first
+    completion after /health 200)
+  type: dict
+  returned: success and startup_report
 invocation_id: {description: the unit's InvocationID (one per start), type: str, returned: success and startup_report}
 started_at: {description: "the server process's start, as systemd prints it (ExecMainStartTimestamp)", type: str,
              returned: success and startup_report}
@@ -78,7 +86,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.vllm_diagnosis import diagnose
 from ansible.module_utils.vllm_http import http
-from ansible.module_utils.vllm_log import startup_report
+from ansible.module_utils.vllm_log import start_phases, startup_report
 from ansible.module_utils.vllm_systemd import parse_show, show_command
 
 
@@ -121,6 +129,7 @@ def main():
     start = time.monotonic()
     last = "not checked yet"
     state = {}
+    first_completion = None  # seconds the first completion took once /health said 200
     while time.monotonic() - start < p["timeout"]:
         state = unit_state(module, p["unit"])
         if state.get("ActiveState") == "failed" or (
@@ -129,8 +138,11 @@ def main():
             break
         status, body = http(base + "/health", timeout=5)
         if status == 200:
+            asked = time.monotonic()
             status, body = http(base + "/v1/completions", {"model": p["model"], "prompt": "ping", "max_tokens": 1},
                                 api_key=p["api_key"], timeout=60)
+            if status == 200 and first_completion is None:
+                first_completion = round(time.monotonic() - asked, 2)
             # Active: the unit's ExecStartPost saw /health 200 too, so systemd's timestamps are final.
             if status == 200 and '"choices"' in body and state.get("ActiveState") == "active":
                 started = int(state.get("ExecMainStartTimestampMonotonic") or 0)
@@ -139,7 +151,9 @@ def main():
                               restarts=int(state.get("NRestarts", 0) or 0),
                               start_to_ready=round((active - started) / 1e6, 2) if active > started > 0 else None)
                 if p["startup_report"] and state.get("InvocationID"):
-                    result.update(startup=startup_report(first_lines(state["InvocationID"], p["startup_lines"])),
+                    report = startup_report(first_lines(state["InvocationID"], p["startup_lines"]))
+                    result.update(startup=report, phases=start_phases(report, result["start_to_ready"],
+                                                                      first_completion),
                                   invocation_id=state["InvocationID"], started_at=state.get("ExecMainStartTimestamp"))
                 module.exit_json(**result)
             last = "completion answered %s: %s" % (status, body[:300])

@@ -321,3 +321,20 @@ def startup_report(text):
         if len(set(values)) > 1:
             report[key + "_values"] = sorted(set(values))
     return report
+
+
+def start_phases(report, start_to_ready=None, first_completion=None):
+    """A start's phases in seconds (None where this start printed or measured nothing): the weights, the engine's
+    init (profile, KV cache, warm-up; the profile run, torch.compile and CUDA-graph capture within it, shown apart),
+    the rest of systemd's start-to-ready (Python imports, process spawns, the API server: most of a CPU build's
+    start) and the first completion after /health. `report` is startup_report's."""
+    weights = report.get("model_loading_seconds", report.get("weights_loading_seconds"))
+    init = report.get("engine_init_seconds")
+    other = None
+    if start_to_ready is not None:
+        other = round(max(start_to_ready - (weights or 0) - (init or 0), 0.0), 2)
+    phases = {"weights_s": weights, "engine_init_s": init,
+              "profile_s": report.get("memory_profiling_seconds", report.get("profiling_run_seconds")),
+              "compile_s": report.get("torch_compile_seconds"), "graphs_s": report.get("cuda_graph_capture_seconds"),
+              "other_s": other, "first_completion_s": first_completion}
+    return {key: None if value is None else round(value, 2) for key, value in phases.items()}
