@@ -31,6 +31,7 @@ def test_device_allow_uses_minor_numbers_and_values_are_escaped(tmp_path):
     assert [line for line in unit if line.startswith("DeviceAllow=")] == ["DeviceAllow=/dev/nvidia2 rw",
                                                                         "DeviceAllow=/dev/nvidia3 rw"]
     assert 'Environment="ODD=a \\"b\\" $c %%d \\\\"' in unit
+    assert 'Environment="VLLM_CACHE_ROOT=/var/lib/vllm/cache/main"' in unit  # vLLM's caches, one per instance
     assert unit[-1].endswith('"--served-model-name" "a $$b %%c"')
     assert not any(line.startswith("ExecStartPre") for line in unit)  # the reason's newline stayed in its comment
     assert (tmp_path / "main.env").read_text().splitlines()[-2:] == [

@@ -40,6 +40,9 @@ def test_unit_environment_and_command_line(host):
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in env
     assert "CUDA_VISIBLE_DEVICES=0" in env
     assert "HF_HUB_OFFLINE=1" in env
+    # vLLM's caches per instance on persistent disk, writable by the service alone.
+    assert "VLLM_CACHE_ROOT=/var/lib/vllm/cache/main" in env
+    assert sh(host, "stat -c '%U %a' /var/lib/vllm/cache/main").stdout.split() == ["vllm", "750"]
     start = unit_props(host, UNIT, "ExecStart")["ExecStart"]
     # The plan's block size is explicit; the dtype comes from vllm_serve_options (float16: never the AMX kernels).
     for flag in ("--max-model-len", "--gpu-memory-utilization", "--max-num-seqs", "--shutdown-timeout 10",
@@ -104,6 +107,8 @@ def test_each_start_is_measured_and_the_next_plan_uses_it(host):
     # VLLM_CPU_KVCACHE_SPACE=1 (group_vars/vllm.yml): vLLM printed 1 GiB of KV cache on the CPU.
     assert report["kv_cache_device"] == "CPU" and report["available_kv_cache_bytes"] == 1 << 30
     assert report["vllm_version"] == "0.32.0" and report["kv_cache_tokens"] > 0
+    # The start's phases beside what it printed (issue 26): the weights and the engine's init come from the log.
+    assert entry["phases"]["weights_s"] is not None and entry["phases"]["engine_init_s"] > 0, entry["phases"]
     plan = json.loads(sh(host, "cat /etc/vllm/main.plan.json").stdout)
     assert plan["calibration"]["used"] and plan["calibration"]["source"]["host"] == host
     assert plan["budget_per_gpu"]["kv_cache_bytes"] == 1 << 30
