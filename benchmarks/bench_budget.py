@@ -82,8 +82,9 @@ def gpu_of(log):
     return None
 
 
-def predict(log, measured=None):
-    """(plan, why not) for one log: the plan vllm_sizing makes for its settings (measured: policy.measured)."""
+def predict(log, measured=None, **options):
+    """(plan, why not) for one log: the plan vllm_sizing makes for its settings (measured: policy.measured; options:
+    other policy options)."""
     model = ALIASES.get(log["model"], log["model"])
     if model in NOT_SIZED:
         return None, NOT_SIZED[model]
@@ -122,6 +123,7 @@ def predict(log, measured=None):
     policy["serve_options"] = serve
     if measured is not None:
         policy["measured"] = measured
+    policy.update(options)
     workload = {"max_context": log["max_model_len"]} if log.get("max_model_len") else {}
     return vs.vllm_sizing(gpus, entry, workload, policy), None
 

@@ -6,8 +6,9 @@
 For every published startup of tests/fixtures/startup-logs/ that benchmarks/bench_budget.py sizes, the log's lines
 that vLLM prints at INFO level (what a server logs by default) go through vllm_startup_report and back into
 vllm_sizing as policy.measured, as the calibration store holds them: with the request of the plan that started (its
-utilization and the GPU's nvidia-smi total). The plan's KV memory per GPU is then compared with what vLLM printed,
-beside the estimate's error. tests/unit/test_vllm_sizing_corpus.py asserts the bound on the same figures.
+utilization and the GPU's nvidia-smi total). The plan's KV memory per GPU is then compared with what the next start
+of that configuration has: what vLLM printed, or with its startup plan on (VLLM_ENABLE_STARTUP_PLAN, 0.26+) what it
+stores for later starts (the summary line's --kv-cache-memory), beside the estimate's error. tests/unit/test_vllm_sizing_corpus.py asserts the bound on the same figures.
 """
 import os
 import statistics
@@ -28,6 +29,8 @@ def calibrated():
             "memory_total_mib": plan["gpus"]["memory_total_mib"]}}
         plan, _ = bench_budget.predict(log, measured=entry)
         printed = log["parsed"]["kv_available_gib"] * bench_budget.sz.common.GiB
+        if "VLLM_ENABLE_STARTUP_PLAN" in plan["env"] and "kv_cache_memory_suggested_bytes" in entry["report"]:
+            printed = entry["report"]["kv_cache_memory_suggested_bytes"]
         after = (plan["budget_per_gpu"]["kv_cache_bytes"] - printed) / printed * 100
         rows.append((ident, error, after, plan.get("calibration", {}).get("parts", [])))
     return rows

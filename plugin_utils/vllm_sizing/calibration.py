@@ -208,6 +208,8 @@ def comparable_kv(report, utilization):
     kv = report.get("available_kv_cache_bytes")
     if kv is None:
         return None, "not compared: the start printed no KV cache memory"
+    if "startup_plan_kv_cache_bytes" in report:
+        return None, "not compared: the start applied vLLM's startup plan (no memory profile, the stored KV cache)"
     if cpu_build(report):  # the plan predicts GPU memory
         return None, "not compared: the CPU build's KV space (VLLM_CPU_KVCACHE_SPACE) is not the GPU memory predicted"
     used, requested, total = (report.get(k) for k in ("gpu_memory_utilization", "requested_memory_bytes",
@@ -265,13 +267,15 @@ def measured_parts(report, row):
     return parts
 
 
-def measured_budget(budget, measured, utilization, total_mib, row):
+def measured_budget(budget, measured, utilization, total_mib, row, startup_plan=False):
     """The budget with the measured parts in place of the estimates, and what was measured.
 
     The KV cache: vLLM's own figure when it asked for the same memory (same_request) or on a CPU build (its KV space
     is fixed by VLLM_CPU_KVCACHE_SPACE); else what the measured parts leave. A cold compile cache measured more
     activation than a warm start needs: its parts are used, but the KV never goes above the estimate's until a warm
-    start is measured."""
+    start is measured. With vLLM's startup plan on (`startup_plan`), a profiled start stores for the later starts the
+    KV cache its summary line suggests (150 MiB below what it had, vLLM's redundancy buffer) and a start that applied
+    it prints that: the plan takes that figure, the one its later starts run with."""
     report = measured["report"]
     out = dict(budget)
     values = measured_parts(report, row)
@@ -281,9 +285,10 @@ def measured_budget(budget, measured, utilization, total_mib, row):
         out[key] = values[key]
     if parts:
         out["kv_cache_bytes"] = max(0, budget["kv_cache_bytes"] + sum(budget[p] - out[p] for p in parts))
-    kv = report.get("available_kv_cache_bytes")
+    kv = report.get("startup_plan_kv_cache_bytes", report.get("available_kv_cache_bytes"))
+    kept = report.get("kv_cache_memory_suggested_bytes") if startup_plan else None
     if kv is not None and (cpu_build(report) or same_request(measured, budget, utilization, total_mib)):
-        out["kv_cache_bytes"] = kv
+        out["kv_cache_bytes"] = kv if kept is None else min(kv, kept)
         parts.append("kv_cache_bytes")
     cache = compile_cache(report)
     if cache == "cold":
@@ -291,7 +296,8 @@ def measured_budget(budget, measured, utilization, total_mib, row):
     compared, how = comparable_kv(report, utilization)
     return out, {"parts": parts, "compile_cache": cache, "predicted_kv_cache_bytes": budget["kv_cache_bytes"],
                  "measured_kv_cache_bytes": kv, "compared_kv_cache_bytes": compared, "compared": how,
-                 "cpu_build": cpu_build(report), "source": measured["source"]}
+                 "cpu_build": cpu_build(report), "source": measured["source"],
+                 "startup_plan_kv_cache_bytes": kept if kept is not None and "kv_cache_bytes" in parts else None}
 
 
 def describe(info):
@@ -306,6 +312,9 @@ def describe(info):
     if info["compile_cache"] == "cold":
         line += "; cold torch.compile cache at that start: the KV cache stays at the estimate's until a warm start " \
                 "is measured"
+    if info.get("startup_plan_kv_cache_bytes") is not None:
+        line += "; KV cache %s, what vLLM's startup plan keeps for the later starts" % gib(
+            info["startup_plan_kv_cache_bytes"])
     return line
 
 

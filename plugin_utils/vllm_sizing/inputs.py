@@ -42,6 +42,7 @@ POLICY = {
     "block_size": ("int", None, "KV block size"),
     "enforce_eager": ("bool", None, "CUDA graphs off"),
     "expandable_segments": ("bool", True, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+    "startup_plan": ("bool", True, "VLLM_ENABLE_STARTUP_PLAN=1 where the release has it"),
     "flashinfer_sampler": ("bool", True, "FlashInfer is installed (the release decides whether its sampler uses it)"),
     "activation_bytes": ("bytes", None, "measured activation peak per GPU"),
     "cuda_graph_bytes": ("bytes", None, "measured CUDA graph memory per GPU"),

@@ -17,6 +17,11 @@ from .weights import gpu_weight_bytes, module_tensors, parse_quantization
 LENGTH_STEP = 1024  # a shortened max_model_len is rounded down to a multiple of this
 
 
+def startup_plan(ctx, row):
+    """Whether the plan turns on vLLM's startup plan: the policy asks for it and the release has it."""
+    return ctx["policy"]["startup_plan"] and row["startup_plan"] is not None
+
+
 def _tp_candidates(shape, start, count, allow_more):
     """Tensor parallel sizes to try: the start, then powers of two up to the group's GPUs that vLLM can shard the
     model over."""
@@ -34,7 +39,7 @@ def _attempt(ctx, tp, kv_dtype, seqs):
             "first": tp == ctx["tp_start"] and kv_dtype == ctx["policy"]["kv_cache_dtype"],
             "fields": _key_fields(ctx, tp, kv_dtype)}):
         budget, measured = calibration.measured_budget(budget, ctx["measured"], ctx["utilization"], ctx["total_mib"],
-                                                       lay["row"])
+                                                       lay["row"], startup_plan(ctx, lay["row"]))
     kv = budget["kv_cache_bytes"]
     fit_len = _fitting(lay, kv, ctx["target_len"])
     length = fit_len
@@ -266,6 +271,11 @@ def _plan(ctx, result, fits, tried):
             engine_args["disable_custom_all_reduce"] = True
             warnings.append("expandable_segments with tensor parallelism can crash vLLM's custom all-reduce at "
                             "start-up (vLLM #42609, #49101, #56180): disable_custom_all_reduce is set")
+    if startup_plan(ctx, row):
+        env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
+        applied.append("VLLM_ENABLE_STARTUP_PLAN=1: vLLM %s stores the first start's KV cache size and later starts "
+                       "of this configuration reuse it without the memory profile, while the GPU has as much free "
+                       "memory as then" % ctx["version"])
     if shape["weight_bytes"][1] != "given":
         warnings.append("weights %s: %s" % (shape["weight_bytes"][1], gib(shape["weight_bytes"][0])))
     applied.append("explicit gpu_memory_utilization: vLLM %s would default to %s" % (ctx["version"], (

@@ -27,7 +27,8 @@ def test_plan_prints_a_row_per_host_and_refuses_what_would_not_start(tmp_path):
     assert gptoss["fits"] and gptoss["engine_args"]["max_model_len"] == 65536
     # Tensor parallelism on a 8-GPU host: the custom all-reduce conflict with expandable segments is handled.
     assert gptoss["engine_args"]["tensor_parallel_size"] > 1 and gptoss["engine_args"]["disable_custom_all_reduce"]
-    assert gptoss["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    # vLLM 0.34.0 (the role's default) has the startup plan: on.
+    assert gptoss["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "VLLM_ENABLE_STARTUP_PLAN": "1"}
     # Serving options reach the plan; the block size is always explicit, decided for the H100 (compute 9.0).
     assert gptoss["engine_args"]["tool_call_parser"] == "openai" and gptoss["engine_args"]["enable_prefix_caching"]
     assert gptoss["engine_args"]["block_size"] == 64 and gptoss["attention_backend"] == "FLASH_ATTN"

@@ -173,14 +173,25 @@ def test_already_quantized_checkpoint_needs_bigger_gpus(a10g):
 
 def test_expandable_segments_with_tensor_parallel_disables_custom_all_reduce(h100x8):
     plan = plan_for(h100x8, "meta-llama/Llama-3.1-70B-Instruct", {"p99_context": 8192})
-    assert plan["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert plan["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert plan["engine_args"]["tensor_parallel_size"] > 1
     assert plan["engine_args"]["disable_custom_all_reduce"] is True
     assert any("custom all-reduce" in line for line in plan["warnings"])
     single = plan_for(h100x8, workload={"p99_context": 8192})
     assert "disable_custom_all_reduce" not in single["engine_args"]
     off = plan_for(h100x8, "meta-llama/Llama-3.1-70B-Instruct", {"p99_context": 8192}, expandable_segments=False)
-    assert off["env"] == {} and "disable_custom_all_reduce" not in off["engine_args"]
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in off["env"] and "disable_custom_all_reduce" not in off["engine_args"]
+
+
+@pytest.mark.parametrize("version, on", [("0.25.0", False), ("0.26.0", True), ("0.32.0", True), ("0.34.0", True)])
+def test_the_startup_plan_is_on_where_the_release_has_it(h100x8, version, on):
+    """VLLM_ENABLE_STARTUP_PLAN exists from 0.26.0 (the release table's startup_plan, read from each release's
+    v1/worker/startup_plan.py); policy.startup_plan false leaves it out."""
+    plan = plan_for(h100x8, workload={"p99_context": 8192}, vllm_version=version)
+    assert ("VLLM_ENABLE_STARTUP_PLAN" in plan["env"]) is on
+    assert any(line.startswith("VLLM_ENABLE_STARTUP_PLAN=1: vLLM %s stores" % version) for line in plan["applied"]) is on
+    off = plan_for(h100x8, workload={"p99_context": 8192}, vllm_version=version, startup_plan=False)
+    assert "VLLM_ENABLE_STARTUP_PLAN" not in off["env"]
 
 
 def test_version_table_drives_block_size_and_batch_defaults(h100x8, a10g):

@@ -206,10 +206,29 @@ WORDINGS = [
      "activation, and %s GiB for CUDAGraph memory. Replace gpu_memory_utilization config with "
      "`--kv-cache-memory=%d` (%s GiB) to fit into requested memory, or `--kv-cache-memory=%d` (%s GiB) to fully "
      "utilize gpu memory. Current kv cache memory in use is %s GiB.",
-     ("78.68", "79.19", 0.92, "72.85", "16.2", "3.1", "0.9", 1, "52.5", 2, "58.3", "52.65"),
+     ("78.68", "79.19", 0.92, "72.85", "16.2", "3.1", "0.9", 56371445760, "52.5", 62599819264, "58.3", "52.65"),
      {"free_memory_at_start_bytes": 78.68, "total_memory_bytes": 79.19, "gpu_memory_utilization": 0.92,
       "requested_memory_bytes": 72.85, "weights_plus_non_torch_bytes": 16.2, "activation_peak_bytes": 3.1,
-      "cuda_graph_bytes": 0.9, "available_kv_cache_bytes": 52.65}),
+      "cuda_graph_bytes": 0.9, "available_kv_cache_bytes": 52.65, "kv_cache_memory_suggested_bytes": 56371445760}),
+    # VLLM_ENABLE_STARTUP_PLAN: a later start applies the stored value (exact bytes) and reserves it without a
+    # profile; the same line follows --kv-cache-memory-bytes. 0.11.0 printed "%.2fGiB" without a space.
+    ("0.26.0", "v1/worker/startup_plan.py:153", "Applying persisted startup plan (fingerprint %s): "
+     "kv_cache_memory_bytes=%d (%.2f GiB), recorded free-memory baseline %.2f GiB, current %.2f GiB. Memory profiling "
+     "will be skipped.", ("3f2a9c0d1e4b5a67", 56371445760, 52.5, 78.68, 78.7),
+     {"startup_plan_kv_cache_bytes": 56371445760}),
+    ("0.32.0", "v1/worker/startup_plan.py:189", "Saved startup plan to %s",
+     ("/var/lib/vllm/cache/main/startup_plan/startup_plan_3f2a9c0d1e4b5a67.json",),
+     {"startup_plan_saved": "/var/lib/vllm/cache/main/startup_plan/startup_plan_3f2a9c0d1e4b5a67.json"}),
+    ("0.32.0", "v1/worker/gpu_worker.py:669", "Initial free memory %s GiB, reserved %s GiB memory for KV Cache as "
+     "specified by kv_cache_memory_bytes config and skipped memory profiling. This does not respect the "
+     "gpu_memory_utilization config. Only use kv_cache_memory_bytes config when you want manual control of KV cache "
+     "memory size. If OOM'ed, check the difference of initial free memory between the current run and the previous "
+     "run where kv_cache_memory_bytes is suggested and update it correspondingly.", ("78.7", "52.5"),
+     {"free_memory_at_start_bytes": 78.7, "available_kv_cache_bytes": 52.5}),
+    ("0.11.0", "v1/worker/gpu_worker.py:251", "Initial free memory %s GiB, reserved %.2fGiB memory for KV Cache as "
+     "specified by kv_cache_memory_bytes config and skipped memory profiling. This does does not respect the "
+     "gpu_memory_utilization config.", (78.6875, 10.0),
+     {"free_memory_at_start_bytes": 78.6875, "available_kv_cache_bytes": 10.0}),
     ("0.32.0", "utils/mem_utils.py:218", "Memory profiling takes %.2f seconds. Total non KV cache memory: %sGiB; "
      "torch peak memory increase: %sGiB; total consumed (from mem_get_info): %sGiB; weights memory: %sGiB.",
      (21.74, "19.3", "2.87", "16.4", "15.27"),
@@ -236,7 +255,8 @@ WORDINGS = [
 
 
 def expected(values):
-    return {key: int(value * GIB) if key.endswith("_bytes") else value for key, value in values.items()}
+    return {key: int(value * GIB) if key.endswith("_bytes") and isinstance(value, float) else value
+            for key, value in values.items()}
 
 
 @pytest.mark.parametrize("release, where, fmt, args, values", WORDINGS, ids=lambda w: w if isinstance(w, str) else "")

@@ -38,6 +38,8 @@ def test_unit_restart_and_stop_policy(host):
 def test_unit_environment_and_command_line(host):
     env = unit_props(host, UNIT, "Environment")["Environment"]
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in env
+    # The plan is for the stand-in A10G on vLLM 0.32.0, which has the startup plan (the CPU worker ignores it).
+    assert "VLLM_ENABLE_STARTUP_PLAN=1" in env
     assert "CUDA_VISIBLE_DEVICES=0" in env
     assert "HF_HUB_OFFLINE=1" in env
     # vLLM's caches per instance on persistent disk, writable by the service alone.

@@ -182,19 +182,33 @@ _rule(r"CUDA graph pool memory: " + _N + r" GiB \(actual\), " + _N + r" GiB \(es
 # CUDA-graph estimate, as vLLM subtracts it). "Current kv cache memory in use is N bytes." until 0.10, "X GiB." since.
 _SUMMARY = (r"Free memory on device \(" + _N + r"/" + _N + r" GiB\) on startup\. Desired GPU memory utilization is \("
             + _N + r", " + _N + r" GiB\)\. Actual usage is ")
-_SUMMARY_END = (r" GiB for CUDAGraph memory\. .*Current kv cache memory in use is (" + SIZE + r")\.$")
+# Its first --kv-cache-memory (to fit into the requested memory) is what VLLM_ENABLE_STARTUP_PLAN stores for later
+# starts (v1/worker/gpu_worker.py:859 in 0.26.0, :1036 in 0.32.0, :1177 in 0.34.0).
+_SUMMARY_END = (r" GiB for CUDAGraph memory\. (?:Replace gpu_memory_utilization config with `--kv-cache-memory=(\d+)`)?"
+                r".*Current kv cache memory in use is (" + SIZE + r")\.$")
 _SUMMARY_KEYS = ("free_memory_at_start_bytes", "total_memory_bytes", "gpu_memory_utilization", "requested_memory_bytes")
 _rule(_SUMMARY + _N + r" GiB for weight, " + _N + r" GiB for peak activation, " + _N + r" GiB for non-torch memory, "
       r"and " + _N + _SUMMARY_END, *_SUMMARY_KEYS, ("model_loading_bytes", 3), "activation_peak_bytes",
-      "non_torch_bytes", ("cuda_graph_bytes", 3), ("available_kv_cache_bytes", 3))
+      "non_torch_bytes", ("cuda_graph_bytes", 3), "kv_cache_memory_suggested_bytes", ("available_kv_cache_bytes", 3))
 _rule(_SUMMARY + _N + r" GiB for consumed memory \(weights \+ non-torch\), " + _N + r" GiB for peak activation, and "
       + _N + _SUMMARY_END, *_SUMMARY_KEYS, "weights_plus_non_torch_bytes", "activation_peak_bytes",
-      ("cuda_graph_bytes", 3), ("available_kv_cache_bytes", 3))
+      ("cuda_graph_bytes", 3), "kv_cache_memory_suggested_bytes", ("available_kv_cache_bytes", 3))
 _rule(FREE_MEMORY_REFUSAL, priority=2)
 # DEBUG (v1/worker/gpu_worker.py:425 in 0.19.0) and 0.34.0's extensible KV cache (extensible_kv_cache.py:694).
 _rule(r"Initial free memory: [\d.]+ GiB; Requested memory: " + _N + r" \(util\), " + _N + r" GiB$",
       "gpu_memory_utilization", "requested_memory_bytes", priority=2)
 _rule(r"Memory after warmup: .* fit within the requested " + _N + r" GiB\.", "requested_memory_bytes", priority=2)
+
+# A KV cache given in bytes (--kv-cache-memory-bytes, or the startup plan's): no profile, that KV cache (an f-string,
+# v1/worker/gpu_worker.py:251 in 0.11.0 "reserved %.2fGiB", :479 in 0.26.0, :669 in 0.32.0, :708 in 0.34.0).
+_rule(r"Initial free memory " + _N + r" GiB, reserved " + _N + r" ?GiB memory for KV Cache as specified by "
+      r"kv_cache_memory_bytes config and skipped memory profiling\.", ("free_memory_at_start_bytes", 2),
+      ("available_kv_cache_bytes", 2))
+# VLLM_ENABLE_STARTUP_PLAN (0.26+): a stored plan applied, exact bytes (v1/worker/startup_plan.py:153 in 0.26.0 and
+# 0.32.0, :154 in 0.34.0), or this start's stored for the next (:189, :190).
+_rule(r"Applying persisted startup plan \(fingerprint [0-9a-f]+\): kv_cache_memory_bytes=(\d+) ",
+      "startup_plan_kv_cache_bytes")
+_rule(r"Saved startup plan to (\S+)$", "startup_plan_saved")
 
 # Phases. "init engine (profile, create kv cache, warmup model) took %.2f seconds" (v1/engine/core.py:210 in 0.11.0,
 # :274 in 0.14.0), "took %.2f s" with an optional "(compilation: ...)" from 0.25.0 (:328-345; :386-403 in 0.32.0,
@@ -217,18 +231,22 @@ _rule(EXCEPTION_PREFIX + KV_REFUSAL)
 _RANK_KEYS = ("model_loading_bytes", "weights_plus_non_torch_bytes", "activation_peak_bytes", "non_torch_bytes",
               "cuda_graph_bytes", "cuda_graph_estimated_bytes", "available_kv_cache_bytes", "requested_memory_bytes",
               "total_memory_bytes", "free_memory_at_start_bytes", "gpu_memory_utilization",
-              "cuda_graph_equivalent_utilization")
+              "cuda_graph_equivalent_utilization", "kv_cache_memory_suggested_bytes", "startup_plan_kv_cache_bytes")
+# Exact byte counts (printed with %d), not GiB.
+_EXACT_BYTES = ("kv_cache_memory_suggested_bytes", "startup_plan_kv_cache_bytes")
 _POOL_KEYS = ("kv_cache_tokens", "max_concurrency")
 _TAGGED_SECONDS = ("torch_compile_seconds", "profiling_run_seconds")
 _CONTINUATION_LINES = 3
 
 
 def _value(key, text):
+    if key in _EXACT_BYTES:
+        return int(text)
     if key.endswith("_bytes"):
         return to_bytes(text)
     if key in ("kv_cache_tokens", "max_concurrency_tokens_per_request", "max_model_len", "estimated_max_model_len"):
         return int(text.replace(",", ""))
-    if key in ("vllm_version", "tag", "compile_cache", "kv_cache_device"):
+    if key in ("vllm_version", "tag", "compile_cache", "kv_cache_device", "startup_plan_saved"):
         return text
     return float(text)
 
@@ -314,7 +332,7 @@ def startup_report(text):
             report[key] = ranks[binding][0]
         else:
             report[key] = max(values)
-        if len(set(values)) > 1:
+        if len(set(values)) > 1 and key not in _EXACT_BYTES:  # bytes to the last one: ranks always differ
             report[key + "_values"] = sorted(set(values))
     for key, values in pooled.items():
         report[key] = min(values)
