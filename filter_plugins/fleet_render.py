@@ -159,6 +159,9 @@ RULES = {
     # and passes no quotes, so an option must be one word.
     "flag": (re.compile(r"^--[A-Za-z0-9][A-Za-z0-9._-]*(=\S*)?$"),
              "one word starting with -- (--name or --name=value)"),
+    # A package pip installs: pinned, as vLLM itself, so that a run never upgrades anything on its own.
+    "pin": (re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!_-]+$"),
+            "a package pinned as NAME==VERSION (or NAME[EXTRA]==VERSION)"),
 }
 
 

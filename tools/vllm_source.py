@@ -1245,6 +1245,17 @@ def startup_plan(release):
     return value.value
 
 
+def load_formats(release):
+    """What --load-format takes: the LoadFormats Literal of model_executor/model_loader/__init__.py (the parser types
+    it `str | LoadFormats`: a loader a plugin registers parses too, but no other name loads)."""
+    rel = "model_executor/model_loader/__init__.py"
+    value = release.module_assign(rel, "LoadFormats")
+    if not (isinstance(value, ast.Subscript) and unparse(value.value) == "Literal"):
+        release.fail(rel, "LoadFormats", "a Literal[...] of load format names")
+    names = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
+    return sorted(literal(name) for name in names)
+
+
 def runner_v2(release):
     """When the V2 model runner is the default (schema runner_v2; "moe" is this table's addition: MoE models of a
     listed architecture qualify). The rule comes from running VllmConfig.use_v2_model_runner on model stubs."""
@@ -1953,7 +1964,7 @@ def facts(root, version, flags):
     for name, extractor, args in (
             ("in_flight", in_flight, ()), ("sw_block", sw_block, ()), ("async_scheduling", async_scheduling, ()),
             ("requested", requested, ()), ("moe_chunk", moe_chunk, ()), ("non_torch", non_torch, ()),
-            ("startup_plan", startup_plan, ()),
+            ("startup_plan", startup_plan, ()), ("load_formats", load_formats, ()),
             ("cuda_graph_estimate", cuda_graph_estimate, ()), ("runner_v2", runner_v2, ()),
             ("cpu", cpu_attention, (dtypes, blocks))):
         row[name] = guarded(release, extractor, *args)

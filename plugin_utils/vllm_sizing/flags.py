@@ -22,10 +22,11 @@ SIZING_POLICY = {"model": "policy.model (the role: vllm_model or vllm_model_dir)
 
 # The only place vLLM flags are spelled, but for the negative forms of booleans, which change between releases and
 # so live in the release table (VERSIONS[...]["negative_flags"], with the flags a release lacks and the choices its
-# parser enforces). kind: str, int and number (one argument; min and max inclusive), utilization
-# (common.as_utilization, the one range of gpu_memory_utilization), choice (one of choices), list (nargs+), json (a
-# dict as JSON), bool (bare flag when true; when false nothing, or the release's negative form for default_on
-# booleans: some release turns them on by default, so off must be said).
+# parser enforces; choices_from names the row's list of what a release takes where its parser does not enforce it).
+# kind: str, int and number (one argument; min and max inclusive), utilization (common.as_utilization, the one range
+# of gpu_memory_utilization), choice (one of choices), list (nargs+), json (a dict as JSON), bool (bare flag when
+# true; when false nothing, or the release's negative form for default_on booleans: some release turns them on by
+# default, so off must be said).
 FLAGS = {
     "model": {"flag": "--model", "kind": "str"},
     "host": {"flag": "--host", "kind": "str"},
@@ -56,6 +57,8 @@ FLAGS = {
     "max_cpu_loras": {"flag": "--max-cpu-loras", "kind": "int", "min": 1},
     "enable_sleep_mode": {"flag": "--enable-sleep-mode", "kind": "bool"},
     "quantization": {"flag": "--quantization", "kind": "str"},
+    # A fast loader (runai_streamer, fastsafetensors, ...): its names are the release's own (load_formats).
+    "load_format": {"flag": "--load-format", "kind": "str", "choices_from": "load_formats"},
     "dtype": {"flag": "--dtype", "kind": "choice", "choices": tuple(DTYPES)},
     "seed": {"flag": "--seed", "kind": "int", "min": 0},
     "trust_remote_code": {"flag": "--trust-remote-code", "kind": "bool"},
@@ -117,7 +120,8 @@ def vllm_serve_args(plan, serve=None):
 def _render(key, spec, value, version, field):
     """The words of one flag; field names the input in errors."""
     kind = spec["kind"]
-    choices = VERSIONS[version]["choices"].get(key)
+    row = VERSIONS[version]
+    choices = row[spec["choices_from"]] if "choices_from" in spec else row["choices"].get(key)
     if choices is not None and not isinstance(value, bool) and value not in choices:
         # The release's parser refuses anything else (argparse choices), e.g. --max-lora-rank 24.
         fail("%s must be one of %s in vLLM %s, got %r" % (field, ", ".join(str(c) for c in choices), version, value))

@@ -109,6 +109,16 @@ def test_keepalived_kinds(kind, good, bad):
     assert fleet_invalid(bad, kind="keepalived_" + kind, label="x") and not fleet_invalid(good, kind="keepalived_" + kind)
 
 
+def test_extra_packages_must_be_pinned():
+    good = ["runai-model-streamer==0.14.0", "fastsafetensors==0.1.15", "runai-model-streamer[s3]==0.14.0"]
+    bad = ["fastsafetensors", "fastsafetensors>=0.1", "x==", "x==1 ; rm", "-r x==1", "x==1\ny==2"]
+    assert fleet_invalid(good, kind="pin", label="vllm_pip_extra_packages") == []
+    problems = fleet_invalid(bad, host="gpu-1", kind="pin", label="vllm_pip_extra_packages")
+    assert len(problems) == len(bad) and problems[0] == (
+        "gpu-1: vllm_pip_extra_packages[0] must be a package pinned as NAME==VERSION (or NAME[EXTRA]==VERSION), got "
+        "'fastsafetensors'")
+
+
 def test_fleet_invalid_names_the_variable_and_hides_secrets():
     problems = fleet_invalid([
         ["vllm_home", "/var/lib/vllm", "path"], ["vllm_hf_home", "/var/lib/../etc", "path"],

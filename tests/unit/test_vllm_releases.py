@@ -106,6 +106,7 @@ SCHEMA = {
     and v["rule"] in ("never", "listed", "listed-or-dense", "all", "only") and list_of(str)(v["archs"])
     and v["archs"] == sorted(v["archs"]) and all(v[k] in (True, False) for k in ("quantized", "hybrid_listed", "moe")),
     "startup_plan": lambda v: v is None or is_int(v),
+    "load_formats": lambda v: list_of(str)(v) and v == sorted(v) and "auto" in v,
     "block_rule": one_of("forced", "preferred"),
     "cuda": lambda v: set(v) == {"standard", "mla", "backends", "forced_mla"} and all(
         backend(b) for b in v["backends"].values()) and priority(v["standard"], v["backends"])
