@@ -99,6 +99,22 @@ def test_flag_missing_from_the_version_raises(plan):
         vllm_serve_args(legacy, {"shutdown_timeout": 30})
 
 
+@pytest.mark.parametrize("version, load_format, takes", [
+    ("0.11.0", "runai_streamer", True), ("0.11.0", "fastsafetensors", True), ("0.11.0", "instanttensor", False),
+    ("0.18.0", "instanttensor", True), ("0.29.0", "ipc_cache", False), ("0.30.0", "ipc_cache", True),
+    ("0.28.0", "bitsandbytes", False)])
+def test_a_fast_loader_is_a_serve_option_where_the_release_has_it(plan, version, load_format, takes):
+    """--load-format takes the names of the release's own LoadFormats (the release table's load_formats): the
+    parser would take any string, and vLLM would fail at start on a name it does not know."""
+    at = dict(plan, vllm_version=version)
+    if takes:
+        assert pairs(vllm_serve_args(at, {"load_format": load_format}))["--load-format"] == load_format
+    else:
+        with pytest.raises(AnsibleFilterError, match=r"serve.load_format must be one of auto, .* in vLLM %s, got '%s'"
+                           % (version.replace(".", r"\."), load_format)):
+            vllm_serve_args(at, {"load_format": load_format})
+
+
 def test_api_key_is_never_rendered(plan):
     with pytest.raises(AnsibleFilterError, match=r"serve.api_key: .*VLLM_API_KEY"):
         vllm_serve_args(plan, {"api_key": "secret"})
