@@ -8,7 +8,8 @@ that vLLM prints at INFO level (what a server logs by default) go through vllm_s
 vllm_sizing as policy.measured, as the calibration store holds them: with the request of the plan that started (its
 utilization and the GPU's nvidia-smi total). The plan's KV memory per GPU is then compared with what the next start
 of that configuration has: what vLLM printed, or with its startup plan on (VLLM_ENABLE_STARTUP_PLAN, 0.26+) what it
-stores for later starts (the summary line's --kv-cache-memory), beside the estimate's error. tests/unit/test_vllm_sizing_corpus.py asserts the bound on the same figures.
+stores for later starts (the summary line's --kv-cache-memory), beside the estimate's error.
+tests/unit/test_vllm_sizing_corpus.py asserts the bound on the same figures.
 """
 import os
 import statistics

@@ -213,6 +213,8 @@ def test_a_plan_that_a_start_changes_waits_for_the_next_apply(tmp_path):
         report = vllm_startup_report.vllm_startup_report(f.read())
     config_dir = tmp_path / "etc"
     config_dir.mkdir()
+    phases = {"weights_s": 0.01, "engine_init_s": 0.68, "profile_s": None, "compile_s": None, "graphs_s": None,
+              "other_s": 31.21, "first_completion_s": 0.05}
     book = tmp_path / "start.yml"
     book.write_text(json.dumps([{"hosts": "h100x8-gptoss", "gather_facts": False, "tasks": [
         {"ansible.builtin.include_role": {"name": "nvidia_gpu", "tasks_from": "facts"}},
@@ -220,7 +222,7 @@ def test_a_plan_that_a_start_changes_waits_for_the_next_apply(tmp_path):
         # What configure.yml writes with the unit's drop-in, and what the start's wait (ready.yml) returns.
         {"ansible.builtin.include_role": {"name": "vllm", "tasks_from": "plan_file"}},
         {"ansible.builtin.set_fact": {"vllm_ready_result": {"results": [
-            {"item": {"name": "main", "port": 8000, "gpus": list(range(8))}, "startup": report,
+            {"item": {"name": "main", "port": 8000, "gpus": list(range(8))}, "startup": report, "phases": phases,
              "invocation_id": "0" * 32, "started_at": "Fri 2026-12-04 15:37:28 UTC"}]}}},
         {"ansible.builtin.include_role": {"name": "vllm", "tasks_from": "calibration"}}]}]))
     run = subprocess.run(
@@ -231,7 +233,8 @@ def test_a_plan_that_a_start_changes_waits_for_the_next_apply(tmp_path):
                  ANSIBLE_ROLES_PATH=os.path.join(ROOT, "roles")))
     assert run.returncode == 0, run.stdout[-3000:]
     entries = list((tmp_path / "store").rglob("h100x8-gptoss-main.json"))
-    assert len(entries) == 1 and json.loads(entries[0].read_text())["report"] == report  # the start was filed
+    filed = json.loads(entries[0].read_text()) if len(entries) == 1 else entries
+    assert filed["report"] == report and filed["phases"] == phases  # the start was filed, with its phases
     on_host = json.loads((config_dir / "main.plan.json").read_text())
     assert on_host["engine_args"]["tensor_parallel_size"] == 2 and "calibration" not in on_host, on_host
     out = " ".join(run.stdout.split())

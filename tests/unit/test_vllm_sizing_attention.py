@@ -135,7 +135,8 @@ SAMPLES = {"str": "x1", "list": ["a", "b"], "json": {"level": 0}, "bool": True}
 
 def sample(spec, key, version):
     """A valid value of a flag of the table, from its kind (and the release's own choices, where it has some)."""
-    choices = sz.versions.VERSIONS[version]["choices"].get(key)
+    row = sz.versions.VERSIONS[version]
+    choices = row[spec["choices_from"]] if "choices_from" in spec else row["choices"].get(key)
     if choices:
         return choices[0]
     if spec["kind"] == "choice":
