@@ -297,7 +297,9 @@ def measured_budget(budget, measured, utilization, total_mib, row, startup_plan=
     return out, {"parts": parts, "compile_cache": cache, "predicted_kv_cache_bytes": budget["kv_cache_bytes"],
                  "measured_kv_cache_bytes": kv, "compared_kv_cache_bytes": compared, "compared": how,
                  "cpu_build": cpu_build(report), "source": measured["source"],
-                 "startup_plan_kv_cache_bytes": kept if kept is not None and "kv_cache_bytes" in parts else None}
+                 # Said only where the plan took it: below what that start had.
+                 "startup_plan_kv_cache_bytes": kept if "kv_cache_bytes" in parts and out["kv_cache_bytes"] == kept
+                 else None}
 
 
 def describe(info):

@@ -197,9 +197,8 @@ def _run(python, cases, kv_space, log_path):
     found = {}
     for chunk in output.split("ORACLE CASE ")[1:]:
         name, _, text = chunk.partition("\n")
-        settings = re.search(r"^ORACLE SETTINGS (.*)$", text, re.M)
-        found[name] = (CHECK.search(text),
-                       (CAPACITY.search(text), CONCURRENCY.search(text)) if CAPACITY.search(text) else None,
+        settings, capacity = re.search(r"^ORACLE SETTINGS (.*)$", text, re.M), CAPACITY.search(text)
+        found[name] = (CHECK.search(text), (capacity, CONCURRENCY.search(text)) if capacity else None,
                        json.loads(settings.group(1)) if settings else None, text)
     missing = [case for case in cases if case not in found]
     assert not missing, "vLLM never reached the cases %s:\n%s" % (missing, output[-3000:])
