@@ -242,3 +242,81 @@ def test_a_plan_that_a_start_changes_waits_for_the_next_apply(tmp_path):
     out = " ".join(run.stdout.split())
     assert "h100x8-gptoss instance main: with what its start measured, its plan changes" in out, out[-3000:]
     assert "tensor_parallel_size 2 -> 4" in out and "until then the plan file on the host is the one the unit runs" in out
+
+
+def test_the_fleet_plan_is_each_hosts_own_per_host_plan(tmp_path):
+    """plan.yml plans the declared hosts in one task on the controller, rendering each distinct configuration once
+    (roles/vllm/action_plugins/vllm_fleet_plan.py). Every host must get exactly what the per-host path (nvidia_gpu's
+    facts, then vllm's plan, each behind its argument check) gives it, whatever its variables read: group and host
+    variables, extra variables, templates over inventory_hostname, over hostvars, over a lookup, two instances, an
+    invalid host (refused by both), a model directory and a host without declared GPUs (both left to that path)."""
+    import re
+    import yaml
+    a10g = [{"name": "NVIDIA A10G", "memory_total_mib": 23028, "compute_capability": "8.6"}]
+    l40s = [{"name": "NVIDIA L40S", "memory_total_mib": 46068, "compute_capability": "8.9", "count": 2}]
+    model_dir = tmp_path / "Qwen3-8B"
+    model_dir.mkdir()
+    with open(os.path.join(ROOT, "filter_plugins", "vllm_models.json"), encoding="utf-8") as f:
+        catalog = json.load(f)["Qwen/Qwen3-8B"]
+    (model_dir / "config.json").write_text(json.dumps({k: v for k, v in catalog.items() if not k.startswith("_")}))
+    fleet = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"},
+                     "children": {"vllm": {"children": {
+        "same": {"vars": {"nvidia_gpu_declared": a10g, "vllm_model": "Qwen/Qwen3-8B",
+                          "vllm_workload": {"p99_context": 8192, "peak_concurrency": 16},
+                          "vllm_policy": {"gpu_sharing": "{{ sharing }}"}, "sharing": "dedicated"},
+                 "hosts": {"same-1": None, "same-3": {"sharing": "shared"}, "same-2": {"vllm_workload": {
+                    "p99_context": 8192, "peak_concurrency": "{{ lookup('ansible.builtin.env', 'FLEET_TEST_SEQS') | int }}"}}, "own-workload": {"vllm_workload": {"p99_context": 2048}},
+                           "bad-policy": {"vllm_policy": {"gpu_shareing": "shared"}},
+                           "model-dir": {"vllm_model_dir": str(model_dir)},
+                           "nvidia-smi": {"nvidia_gpu_declared": [],
+                                          "nvidia_gpu_nvidia_smi_path": os.path.join(ROOT, "tests/fixtures/nvidia-smi")}}},
+        "templated": {"vars": {
+            "nvidia_gpu_declared": l40s, "vllm_model": "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+            "nvidia_gpu_expected_count": "{{ hostvars[inventory_hostname].gpu_count }}", "gpu_count": 2,
+            "vllm_workload": {"p99_context": "{{ 4096 * (inventory_hostname[-1] | int) }}", "peak_concurrency": 8},
+            "vllm_policy": {"gpu_sharing": "{{ sharing }}"}, "sharing": "dedicated"},
+            "hosts": {"tmpl-1": None, "tmpl-2": {"sharing": "shared"}, "tmpl-3": None,
+                      "two-instances": {"vllm_workload": {"p99_context": 4096, "peak_concurrency": 4},
+                                        "vllm_instances": [{"name": "a", "gpus": [0], "port": 8000},
+                                                           {"name": "b", "gpus": [1], "port": 8001}]}}}}}}}}
+    (tmp_path / "fleet.yml").write_text(yaml.safe_dump(fleet))
+    per_host = tmp_path / "per-host"
+    per_host.mkdir()
+    (tmp_path / "per-host.yml").write_text(json.dumps([{"hosts": "vllm", "gather_facts": False, "tasks": [
+        {"ansible.builtin.import_role": {"name": "nvidia_gpu", "tasks_from": "facts"}},
+        {"ansible.builtin.import_role": {"name": "vllm", "tasks_from": "plan"}, "vars": {"vllm_plan_strict": False}},
+        {"ansible.builtin.copy": {"content": "{{ vllm_plans | to_json }}", "dest": f"{per_host}/{{{{ inventory_hostname }}}}.json"},
+         "delegate_to": "localhost"}]}]))
+    extra = json.dumps({"vllm_serve_options": {"enable_prefix_caching": True}})
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
+               ANSIBLE_ROLES_PATH=os.path.join(ROOT, "roles"), FLEET_TEST_SEQS="6",
+               NVIDIA_SMI_STANDIN=os.path.join(ROOT, "tests/fixtures/gpus/a10g-1.json"))
+
+    def run(playbook, *more):
+        return subprocess.run([os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", str(tmp_path / "fleet.yml"),
+                               playbook, "-e", extra, *more],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300, check=False, env=env)
+    fleet_run = run("playbooks/plan.yml", "-e", f"plan_out={tmp_path / 'plan.json'}")
+    host_run = run(str(tmp_path / "per-host.yml"))
+    # Both fail the invalid host, naming it and the variable, and only it.
+    for done in (fleet_run, host_run):
+        assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-2000:]
+        assert "vllm_policy.gpu_shareing. Supported parameters include" in done.stdout
+        assert "fatal: [bad-policy]" in done.stdout and done.stdout.count("fatal: [") == 1
+    # Only the hosts that must be contacted went through the per-host path.
+    on_hosts = fleet_run.stdout.split("PLAY [Plan the other vLLM hosts")[1].split("PLAY [")[0]
+    assert set(re.findall(r"^(?:ok|fatal): \[([^\]]+)\]", on_hosts, re.M)) == {"model-dir", "nvidia-smi"}, on_hosts
+    plans = json.loads((tmp_path / "plan.json").read_text())
+    expected = {path.stem: json.loads(path.read_text()) for path in per_host.glob("*.json")}
+    assert sorted(expected) == sorted(fleet["all"]["children"]["vllm"]["children"]["same"]["hosts"].keys()
+                                      - {"bad-policy"} | {"tmpl-1", "tmpl-2", "tmpl-3", "two-instances"})
+    assert plans == expected
+    # The templates did reach the plans: per-host context lengths and sharing, the lookup and the extra variable.
+    assert [plans["tmpl-%d" % n]["main"]["engine_args"]["max_model_len"] for n in (1, 2, 3)] == [4096, 8192, 12288]
+    for one, other in (("tmpl-1", "tmpl-2"), ("same-1", "same-3")):
+        assert plans[one]["main"]["engine_args"]["gpu_memory_utilization"] != \
+            plans[other]["main"]["engine_args"]["gpu_memory_utilization"]
+    assert plans["same-2"]["main"]["engine_args"]["max_num_seqs"] == 6
+    assert plans["same-1"]["main"]["engine_args"]["enable_prefix_caching"] is True
+    assert sorted(plans["two-instances"]) == ["a", "b"] and plans["model-dir"]["main"]["model"] == str(model_dir)
+    assert plans["nvidia-smi"]["main"]["gpus"]["name"] == "NVIDIA A10G"
