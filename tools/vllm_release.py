@@ -112,7 +112,10 @@ def facts(versions):
         else:
             todo.append(version)
     if len(todo) > 1:
-        with multiprocessing.Pool(min(len(todo), os.cpu_count() or 1)) as pool:
+        # forkserver, not fork: a fork of a process with threads (pytest's, after tests that serve HTTP) can copy a
+        # lock another thread holds, and the worker waits on it for ever (a CI run hung so, 2026-12-07).
+        context = multiprocessing.get_context("forkserver")
+        with context.Pool(min(len(todo), os.cpu_count() or 1)) as pool:
             results = pool.map(_compute, [(v, digest) for v in todo])
     else:
         results = [_compute((v, digest)) for v in todo]
