@@ -69,10 +69,11 @@ roll_rc=0
 # The roll draws its own timeline.png (tools/timeline.py) with the load's requests above its hosts' states.
 under_load roll ansible-playbook -i "$inventory" playbooks/rolling_restart.yml \
   -e "rolling_restart_load_events=$PWD/$out/roll-load.jsonl" || roll_rc=$?
-keep_roll_report() {  # the newest roll's report and timeline (run directories are named after their start time)
+keep_roll_report() {  # the newest roll's report, table and timeline (run directories are named after their start)
   local run
   run=$(ls -d reports/rolling-restart/*/ | sort | tail -1)
   cp "${run}report.json" "$out/$1.json"
+  cp "${run}table.txt" "$out/$1-table.txt"
   cp "${run}timeline.png" "$out/$2"
 }
 keep_roll_report rolling-restart timeline.png
@@ -190,12 +191,8 @@ queue = status["balancer_queues"]["balancer-1"][0]
 print(f"  {len(records)} sent, {len(times)} served (p99 {times[int(0.99 * (len(times) - 1))]:.1f} s),"
       f" {len(refused)} answered 503 after at most {max(refused, default=0):.1f} s, {len(others)} other failures;"
       f" HAProxy queued at most {queue['qmax']} at once")
-print(f"\nRolling restart: {roll['outcome']} (playbook exit {roll_rc})")
-print(f"  {'host':8} {'drain':>7} {'stop':>7} {'start->ready':>13} {'vLLM own':>9} {'enable':>7} {'total':>7} {'overhead':>9}")
-for host, r in sorted(roll["hosts"].items()):
-    f = lambda v: "-" if v is None else f"{v:.1f}s"
-    print(f"  {host:8} {f(r['drain_wait_s']):>7} {f(r['stop_s']):>7} {f(r['start_to_ready_s']):>13}"
-          f" {f(r['vllm_start_to_ready_s']):>9} {f(r['enable_s']):>7} {f(r['total_s']):>7} {f(r['overhead_s']):>9}")
+print(f"\nRolling restart: {roll['outcome']} (playbook exit {roll_rc}); the roll's own table (seconds):")
+print("".join("  " + line for line in open(f"{out}/rolling-restart-table.txt")), end="")
 print(f"\nRequests through HAProxy, side by side (same load):")
 print(f"  {'restart pattern':22} {'sent':>6} {'failed':>7} {'streaming':>10} {'non-streaming':>14}")
 for name, t in loads.items():
@@ -212,7 +209,7 @@ for name, (f, did) in bad.items():
 restored = load("restored-servers.json")
 print(f"  afterwards, with the inventory's configuration: {sum(st == 'UP' for st in restored.values())} of"
       f" {len(restored)} servers UP")
-print(f"Files in {out}: rolling-restart.json, roll-load.json, naive-load.json, naive-hosts.jsonl, timeline*.png,"
+print(f"Files in {out}: rolling-restart.json (and -table.txt), roll-load.json, naive-load.json, naive-hosts.jsonl, timeline*.png,"
       f" loadtest-vllm-3.json/.png, bad-roll.json, bad-*-load.json, plan.json, calibration/ (what each start measured),"
       f" *.log")
 PY

@@ -152,5 +152,9 @@ def test_the_roll_ends_once_with_its_report_table_and_timeline(tmp_path):
     assert "gpu-a/main" in out.stdout and "gpu-b/main" in out.stdout, out.stdout[-3000:]
     # Once, after the last batch: one table, naming both hosts.
     assert out.stdout.count("host(s), outcome") == 1 and "2 host(s), outcome ok" in out.stdout, out.stdout[-3000:]
+    # The same table beside the report (make demo prints it).
+    table = (run_dir / "table.txt").read_text().splitlines()
+    assert table[0].split()[:3] == ["host", "outcome", "drain"] and "2 host(s), outcome ok" in table[3]
+    assert all(line.strip() in out.stdout for line in table if line.strip())
     png = (run_dir / "timeline.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10000

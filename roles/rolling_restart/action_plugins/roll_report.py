@@ -17,7 +17,7 @@ import tempfile
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
-# The report's per-host columns: (heading, record key). The table and the demo read the same keys.
+# The report's per-host columns: (heading, record key).
 COLUMNS = (("drain", "drain_wait_s"), ("stop", "stop_s"), ("start->ready", "start_to_ready_s"),
            ("vLLM own", "vllm_start_to_ready_s"), ("enable", "enable_s"), ("total", "total_s"),
            ("overhead", "overhead_s"))
@@ -122,6 +122,9 @@ class ActionModule(ActionBase):
             result["path"] = os.path.join(run_dir, "report.json")
             write(result["path"], report)
             result.update(changed=True, outcome=report["outcome"], table=table(report))
+            # The same table beside the report, for whoever reads the run afterwards (make demo prints it).
+            with open(os.path.join(run_dir, "table.txt"), "w", encoding="utf-8") as handle:
+                handle.write("\n".join(result["table"]) + "\n")
             return result
         host = args.get("host")
         if not host or not isinstance(host, str) or "/" in host or host.startswith("."):

@@ -15,9 +15,10 @@ description:
     its events.
   - With O(assemble=true), reads every record in C(<run_dir>/hosts), writes C(<run_dir>/report.json) (run_id,
     outcome, hosts by name, every event in time order) and returns the per-host table an operator reads at the end
-    of the roll. The roll assembles once, after its last batch or the batch that failed.
-  - Runs on the controller, in the run's own process, whatever host the task is for. Files are written atomically,
-    mode 0600. Check mode writes nothing (nothing was rolled).
+    of the roll, also written to C(<run_dir>/table.txt). The roll assembles once, after its last batch or the
+    batch that failed.
+  - Runs on the controller, in the run's own process, whatever host the task is for. JSON files are written
+    atomically, mode 0600. Check mode writes nothing (nothing was rolled).
 options:
   run_dir:
     description: The run's directory (rolling_restart_run_dir); C(hosts/) must exist in it.
