@@ -9,15 +9,17 @@ export VLLM_FLEET_PROMETHEUS_TOOLS ?= $(VLLM_FLEET_CACHE)/prometheus-tools
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 PLAYBOOKS := $(wildcard playbooks/*.yml)
-# The scenarios that mostly wait on apt, dpkg and systemd run beside the oracle (CPU-bound, two vLLM processes);
-# those that time traffic run after it, alone: the balancer's drain and failover tests allow seconds, which a
-# playbook starting on two busy cores can take (a balancer run beside the driver scenario failed so, 2026-12-07).
+# Two lanes, then the fleet alone. The scenarios that mostly wait on apt, dpkg and systemd run beside the oracle
+# (CPU-bound, two vLLM processes); the balancer's, which times traffic through HAProxy to stand-ins, follows the
+# oracle in its lane, beside them (its drain tests hold sessions long enough for a playbook starting on two busy
+# cores). The fleet times real vLLM under load: alone.
 BESIDE_ORACLE := schedule driver
-ALONE := balancer fleet
-SCENARIOS := $(BESIDE_ORACLE) $(ALONE)
+AFTER_ORACLE := balancer
+ALONE := fleet
+SCENARIOS := $(BESIDE_ORACLE) $(AFTER_ORACLE) $(ALONE)
 
 .PHONY: help venv host image wheelhouse controller-vllm oracle-vllm vllm-source models controller-check fleet-deps prometheus-tools lint unit check oracle molecule \
-	scenarios-beside-oracle scenarios-alone \
+	scenarios-beside-oracle oracle-lane scenarios-alone \
 	test demo bench clean
 
 help:
@@ -82,17 +84,20 @@ molecule: venv fleet-deps
 	for s in $(SCENARIOS); do $(SCENARIO_TEST); done
 scenarios-beside-oracle: venv fleet-deps
 	for s in $(BESIDE_ORACLE); do $(SCENARIO_TEST); done
-# Run by test after scenarios-beside-oracle, whose prerequisites (fleet-deps) it shares: not built twice.
+# The oracle, then the scenarios after it in its lane (fleet-deps: built by the step before in make test).
+oracle-lane: oracle
+	for s in $(AFTER_ORACLE); do $(SCENARIO_TEST); done
+# Run by test after the two lanes, whose prerequisites (fleet-deps) it shares: not built twice.
 scenarios-alone:
 	for s in $(ALONE); do $(SCENARIO_TEST); done
 
 # On a fresh machine, what the scenarios need (image, wheelhouse, vLLM venvs, models: downloads and disk) is built
 # beside lint and unit tests (CPU); the host's packages first and alone, as two apt-get runs cannot share apt's lock.
-# Then the oracle beside the light scenarios (each one's output whole when it ends), then the heavy ones.
+# Then the two lanes (each one's output whole when it ends), then the fleet.
 test:
 	$(MAKE) --no-print-directory host
 	$(MAKE) --no-print-directory -j2 --output-sync=target check fleet-deps oracle-vllm
-	$(MAKE) --no-print-directory -j2 --output-sync=target oracle scenarios-beside-oracle
+	$(MAKE) --no-print-directory -j2 --output-sync=target oracle-lane scenarios-beside-oracle
 	$(MAKE) --no-print-directory scenarios-alone
 
 demo: venv fleet-deps

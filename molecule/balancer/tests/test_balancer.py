@@ -257,7 +257,9 @@ def test_enable_fails_with_the_state_seen_when_the_backend_stays_down():
 
 
 def test_drain_timeout_fails_leaving_drain_which_a_reload_keeps():
-    long = Background(4, sleep=10)
+    # Sessions of 30 s: the drain (timeout 2 s) must find them open, however late its playbook starts on busy cores
+    # (10 s sessions had ended before a run beside the driver scenario reached its wait).
+    long = Background(4, sleep=30)
     wait_until(lambda: int(servers()[B1]["scur"]) > 0, 10, interval=0.1, what="a session on backend-1")
     proc, _ = run("drain", "backend-1", "-e", "balancer_drain_timeout=2")
     assert proc.returncode != 0 and f"vllm/{B1}=DRAIN" in proc.stdout and "scur" in proc.stdout
