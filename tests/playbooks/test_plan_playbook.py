@@ -269,7 +269,8 @@ def test_the_fleet_plan_is_each_hosts_own_per_host_plan(tmp_path):
                            "bad-policy": {"vllm_policy": {"gpu_shareing": "shared"}},
                            "model-dir": {"vllm_model_dir": str(model_dir)},
                            "nvidia-smi": {"nvidia_gpu_declared": [],
-                                          "nvidia_gpu_nvidia_smi_path": os.path.join(ROOT, "tests/fixtures/nvidia-smi")}}},
+                                          "nvidia_gpu_nvidia_smi_path": os.path.join(ROOT, "tests/fixtures/nvidia-smi")},
+                           "no-driver": {"nvidia_gpu_declared": [], "nvidia_gpu_nvidia_smi_path": "/nonexistent/nvidia-smi"}}},
         "templated": {"vars": {
             "nvidia_gpu_declared": l40s, "vllm_model": "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
             "nvidia_gpu_expected_count": "{{ hostvars[inventory_hostname].gpu_count }}", "gpu_count": 2,
@@ -298,18 +299,23 @@ def test_the_fleet_plan_is_each_hosts_own_per_host_plan(tmp_path):
                               cwd=ROOT, capture_output=True, text=True, timeout=300, check=False, env=env)
     fleet_run = run("playbooks/plan.yml", "-e", f"plan_out={tmp_path / 'plan.json'}")
     host_run = run(str(tmp_path / "per-host.yml"))
-    # Both fail the invalid host, naming it and the variable, and only it.
+    # Both fail the invalid host, naming it and the variable, and the host without a driver, and only those.
     for done in (fleet_run, host_run):
         assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-2000:]
         assert "vllm_policy.gpu_shareing. Supported parameters include" in done.stdout
-        assert "fatal: [bad-policy]" in done.stdout and done.stdout.count("fatal: [") == 1
+        assert "nvidia-smi not found (looked for '/nonexistent/nvidia-smi')" in done.stdout
+        assert set(re.findall(r"^fatal: \[([^\] ]+)", done.stdout, re.M)) == {"bad-policy", "no-driver"}
+        assert re.search(r"^no-driver +: .* failed=1 ", done.stdout, re.M), done.stdout[-2000:]
     # Only the hosts that must be contacted went through the per-host path.
     on_hosts = fleet_run.stdout.split("PLAY [Plan the other vLLM hosts")[1].split("PLAY [")[0]
-    assert set(re.findall(r"^(?:ok|fatal): \[([^\]]+)\]", on_hosts, re.M)) == {"model-dir", "nvidia-smi"}, on_hosts
+    assert set(re.findall(r"^(?:ok|fatal): \[([^\]]+)\]", on_hosts, re.M)) == {"model-dir", "nvidia-smi", "no-driver"}, \
+        on_hosts
+    # Every host has a row, those without a plan too.
+    assert re.search(r'"no-driver +- .*NO PLAN: see its error"', fleet_run.stdout), fleet_run.stdout[-3000:]
     plans = json.loads((tmp_path / "plan.json").read_text())
     expected = {path.stem: json.loads(path.read_text()) for path in per_host.glob("*.json")}
     assert sorted(expected) == sorted(fleet["all"]["children"]["vllm"]["children"]["same"]["hosts"].keys()
-                                      - {"bad-policy"} | {"tmpl-1", "tmpl-2", "tmpl-3", "two-instances"})
+                                      - {"bad-policy", "no-driver"} | {"tmpl-1", "tmpl-2", "tmpl-3", "two-instances"})
     assert plans == expected
     # The templates did reach the plans: per-host context lengths and sharing, the lookup and the extra variable.
     assert [plans["tmpl-%d" % n]["main"]["engine_args"]["max_model_len"] for n in (1, 2, 3)] == [4096, 8192, 12288]
