@@ -20,13 +20,14 @@ SCENARIOS := $(BESIDE_ORACLE) $(AFTER_ORACLE) $(ALONE)
 
 .PHONY: help venv host image wheelhouse controller-vllm oracle-vllm vllm-source models controller-check fleet-deps prometheus-tools lint unit check oracle molecule \
 	scenarios-beside-oracle oracle-lane scenarios-alone \
-	test demo bench clean
+	test demo bench probe-multinode clean
 
 help:
 	@echo "make demo   deploy to a local test fleet and show the result"
 	@echo "make test   every test: lint, unit, oracle (real vLLM), Molecule scenarios ($(SCENARIOS))"
 	@echo "make check  fast loop: lint + unit tests"
 	@echo "make bench  benchmarks (figures, not pass/fail)"
+	@echo "make probe-multinode  does vLLM's CPU build run one instance across two hosts (docs/multi-node.md)"
 
 $(VENV)/.installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -109,6 +110,10 @@ bench: venv models
 	$(BIN)/python benchmarks/bench_calibration.py
 	$(BIN)/python benchmarks/bench_controller.py
 	$(VLLM_FLEET_CACHE)/vllm-venv/bin/python benchmarks/bench_warm_start.py $(VLLM_FLEET_CACHE)/models/tiny-llama
+
+# Issue 29's first question, asked of real vLLM (about 5 minutes; not part of make test).
+probe-multinode: image models
+	bash scripts/probe_multinode.sh
 
 clean:
 	for s in $(SCENARIOS); do $(BIN)/molecule destroy -s $$s || true; done
