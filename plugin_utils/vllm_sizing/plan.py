@@ -371,8 +371,33 @@ def _misfit_reason(ctx, result, tried):
     parts.append("tried: " + ", ".join("TP %d %s -> %s" % (r["tp"], r["kv_dtype"], (
         "max_model_len %d" % r["max_model_len"]) if r["max_model_len"] else "estimated max %d" % r["fit_len"])
         for r in tried))
+    parts.append(_hosts_hint(ctx, result))
     parts.append(_quantization_hint(ctx, result))
     return "; ".join(p for p in parts if p)
+
+
+# The largest instance across hosts the hint considers.
+MAX_HOSTS = 16
+
+
+def _hosts_hint(ctx, result):
+    """How many hosts with these GPUs one instance across them needs: tensor parallel within each host (the largest
+    size vLLM shards the model over), a pipeline stage per host, each sized as one host is. The budget has no
+    cross-host communication buffers yet, and replica groups are not built (docs/multi-node.md): a hint, not a plan."""
+    shape = ctx["shape"]
+    tp = _tp_candidates(shape, ctx["tp_start"], ctx["gpu_count"] // ctx["pp"], True)[-1]
+    for hosts in range(2, MAX_HOSTS + 1):
+        pp = ctx["pp"] * hosts
+        if pp > shape["layers"]:
+            break
+        group = dict(ctx, pp=pp, measured=None, loadtest=None)
+        attempt = _attempt(group, tp, result["kv_dtype"], result["max_num_seqs"])
+        if _fits_workload(attempt, group) or _fewer_seqs(attempt, group, tp):
+            return ("one instance across %d hosts of %d x %s would hold it (tensor_parallel_size %d on each, "
+                    "pipeline_parallel_size %d across them, before cross-host communication buffers, and replica groups "
+                    "are not built yet: docs/multi-node.md)" % (hosts, ctx["gpu_count"], ctx["gpu_name"], tp, pp))
+    return "not even %d hosts of %d x %s would hold it as one instance" % (MAX_HOSTS, ctx["gpu_count"],
+                                                                          ctx["gpu_name"])
 
 
 # Checkpoints the hint considers: FP8 (as vLLM's fp8 method or compressed-tensors FP8-dynamic store it) and AWQ

@@ -169,6 +169,27 @@ def test_already_quantized_checkpoint_needs_bigger_gpus(a10g):
     assert not plan["fits"] and "already quantized" in plan["reason"]
 
 
+def test_a_model_too_large_for_the_host_names_the_fewest_hosts_whose_pipeline_holds_it(a10g):
+    workload = {"p99_context": 8192, "peak_concurrency": 4}
+    plan = plan_for(a10g, "meta-llama/Llama-3.1-70B-Instruct", workload, strict=False)
+    assert not plan["fits"]
+    hint = next(part for part in plan["reason"].split("; ") if part.startswith("one instance across"))
+    hosts = int(hint.split()[3])
+    assert hint == ("one instance across %d hosts of 1 x NVIDIA A10G would hold it (tensor_parallel_size 1 on each, "
+                    "pipeline_parallel_size %d across them, before cross-host communication buffers, and replica groups "
+                    "are not built yet: docs/multi-node.md)" % (hosts, hosts))
+    # The same arithmetic, asked directly: that many pipeline stages serve the workload, one fewer does not.
+    for stages, fits in ((hosts, True), (hosts - 1, False)):
+        gpus = [dict(a10g[0], index=n, uuid="GPU-%d" % n) for n in range(stages)]
+        staged = plan_for(gpus, "meta-llama/Llama-3.1-70B-Instruct", workload, strict=False,
+                          pipeline_parallel_size=stages)
+        assert staged["fits"] is fits, staged["reason"]
+    tiny = [gpu("Tesla T4", 15360, "7.5")]
+    assert "not even 16 hosts of 1 x Tesla T4 would hold it" in plan_for(
+        tiny, "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", {"p99_context": 32768, "peak_concurrency": 64},
+        strict=False)["reason"]
+
+
 # --- Conflicts, environment, versions -----------------------------------------------------------------------------
 
 def test_expandable_segments_with_tensor_parallel_disables_custom_all_reduce(h100x8):
