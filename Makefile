@@ -108,7 +108,7 @@ bench: venv models
 	$(BIN)/python benchmarks/bench_sizing.py
 	$(BIN)/python benchmarks/bench_budget.py
 	$(BIN)/python benchmarks/bench_calibration.py
-	$(BIN)/python benchmarks/bench_controller.py
+	$(BIN)/python benchmarks/bench_controller.py --roll
 	$(VLLM_FLEET_CACHE)/vllm-venv/bin/python benchmarks/bench_warm_start.py $(VLLM_FLEET_CACHE)/models/tiny-llama
 
 # Issue 29's first question, asked of real vLLM (about 5 minutes; not part of make test).

@@ -9,9 +9,13 @@ has four distinct configurations, as fleets do. Then, timed in the same run:
 
 - the floor: one set_fact per host, the least a play over these hosts costs in Ansible;
 - playbooks/plan.yml, which plans every host and prints the table;
-- with --roll-report, the roll's report path alone (roles/rolling_restart/tasks/report.yml after a host's events, in
-  batches of 10 %): what every host of a roll pays to record itself, and the run's report.json, table and
-  timeline.png made once at the end, nothing restarted.
+- with --roll, playbooks/rolling_restart.yml itself, end to end on the controller: the roll lock and journal, the
+  batches (10 % of the hosts, then one rack of 20 hosts each: rolling_restart_batch_by), the resume play, and per
+  host the roll role's whole runbook with its capacity guard, events, journal records and report, then report.json,
+  the table and timeline.png once. What touches a host or a balancer (the GPU read, drain, stop, start, the wait,
+  enable, the balancers' server states) is a stand-in role of one set_fact per task file (STANDINS, put before
+  roles/ in the roles path), so the time printed is the controller's own for the roll, and a real roll adds the
+  hardware's: hosts / batch x (drain + stop + start) and each task's round trip to its host.
 
 Printed: seconds, the ratio to the floor, and seconds per 1,000 hosts (a ratio that grows with the size is a cost
 that grows faster than the fleet). Both run with ansible.cfg's callbacks (profile_tasks among them); --profile prints
@@ -22,6 +26,7 @@ a worker per host and task, and without the cache every worker compiles the proj
 how a controller runs (measured here: 25 ms more a host on each task that loads the sizing package).
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -49,21 +54,40 @@ FLOOR = [{"name": "Floor", "hosts": "vllm", "gather_facts": False,
           "tasks": [{"name": "One task per host", "ansible.builtin.set_fact": {"bench_floor": True}}]}]
 
 
-# The roll's report step for hosts whose roll went well (the events tasks/main.yml records), in the roll's batches.
-ROLL_REPORT = [{"name": "The roll's report path", "hosts": "vllm", "gather_facts": False, "serial": "10%", "tasks": [
-    {"name": "Events of a roll that went well", "ansible.builtin.set_fact": {
-        "rolling_restart_events": [{"time": float(n), "host": "{{ inventory_hostname }}", "state": state}
-                                   for n, state in enumerate(("start", "drained", "stopped", "ready", "enabled"))],
-        "rolling_restart_outcome": "ok", "rolling_restart_error": ""}},
-    {"name": "Record the host (and, after the last batch, the run's report)",
-     "ansible.builtin.include_role": {"name": "rolling_restart", "tasks_from": "report"}}]}]
+# What the roll asks of a host or a balancer, answered as a fleet where every host serves and every start works:
+# (role, task file) -> tasks. The roll's own role, lock, journal, batches and report are the real ones.
+STANDINS = {
+    ("nvidia_gpu", "facts"): [], ("nvidia_gpu", "recover"): [],
+    ("vllm", "prefetch"): [], ("vllm", "stop"): [], ("vllm", "prefetch_wait"): [], ("vllm", "restart"): [],
+    ("vllm", "ready"): [{"ansible.builtin.set_fact": {"vllm_ready_result": {"results": [
+        {"item": {"name": "main"}, "start_to_ready": 30.0,
+         "phases": {"weights_s": 1.0, "engine_init_s": 2.0, "other_s": 27.0, "first_completion_s": 0.1}}]}}}],
+    ("balancer", "drain"): [], ("balancer", "enable"): [],
+    # Every balancer has every vLLM host's server UP but those leaving with this batch.
+    ("balancer", "status"): [{"ansible.builtin.set_fact": {
+        "balancer_status_other_up": {"balancer-1": "{{ groups['vllm'] | length - balancer_status_leaving_hosts"
+                                                   " | union([balancer_target_host]) | length }}"},
+        "balancer_status_other_up_min": "{{ groups['vllm'] | length - balancer_status_leaving_hosts"
+                                        " | union([balancer_target_host]) | length }}"}}],
+}
+
+
+def standin_roles(directory):
+    """The STANDINS as roles under directory, each task file one set_fact unless it sets something."""
+    for (role, tasks_from), tasks in STANDINS.items():
+        os.makedirs(os.path.join(directory, role, "tasks"), exist_ok=True)
+        tasks = tasks or [{"ansible.builtin.set_fact": {"bench_standin": tasks_from}}]
+        with open(os.path.join(directory, role, "tasks", tasks_from + ".yml"), "w", encoding="utf-8") as out:
+            yaml.safe_dump([{"name": "Stand-in for %s's %s" % (role, tasks_from), **task} for task in tasks], out)
 
 
 def inventory(hosts):
     """The fleet as a YAML inventory: one group per configuration under vllm, hosts named like a rack's."""
     groups = {}
     for index, (gpu, model, workload, policy) in enumerate(CONFIGURATIONS):
-        members = {"gpu%d-%05d" % (index, n): None for n in range(index, hosts, len(CONFIGURATIONS))}
+        # Racks of 20 hosts, each rack of one GPU type (as fleets are bought), for the roll's failure domains.
+        members = {"gpu%d-%05d" % (index, n): {"rack": "rack-%d-%d" % (index, n // 80)}
+                   for n in range(index, hosts, len(CONFIGURATIONS))}
         groups["gpu_type_%d" % index] = {
             "hosts": members,
             "vars": {"nvidia_gpu_declared": [gpu], "vllm_model": model, "vllm_workload": workload,
@@ -73,8 +97,10 @@ def inventory(hosts):
                     "children": {"vllm": {"children": groups}}}}
 
 
-def run(playbook, inventory_file, forks, profile, extra=()):
+def run(playbook, inventory_file, forks, profile, extra=(), roles_path=None):
     env = dict((key, value) for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE")
+    if roles_path:
+        env["ANSIBLE_ROLES_PATH"] = roles_path
     env.update(ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORKS=str(forks),
                ANSIBLE_FORCE_COLOR="0", PROFILE_TASKS_TASK_OUTPUT_LIMIT="12")
     started = time.perf_counter()
@@ -95,14 +121,15 @@ def main():
     parser.add_argument("--hosts", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--forks", type=int, default=50)
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--roll-report", action="store_true", help="also time the roll's report path")
+    parser.add_argument("--roll", action="store_true", help="also time rolling_restart.yml with stand-in hosts")
     args = parser.parse_args()
     print("controller: %d CPU(s), forks %d; %d configurations" % (os.cpu_count(), args.forks, len(CONFIGURATIONS)))
     with tempfile.TemporaryDirectory() as scratch:
-        floor, roll_report = os.path.join(scratch, "floor.yml"), os.path.join(scratch, "roll-report.yml")
-        for path, play in ((floor, FLOOR), (roll_report, ROLL_REPORT)):
-            with open(path, "w", encoding="utf-8") as out:
-                yaml.safe_dump(play, out)
+        floor = os.path.join(scratch, "floor.yml")
+        with open(floor, "w", encoding="utf-8") as out:
+            yaml.safe_dump(FLOOR, out)
+        standin_roles(os.path.join(scratch, "standins"))
+        roles_path = os.path.join(scratch, "standins") + os.pathsep + os.path.join(ROOT, "roles")
         for hosts in args.hosts:
             inventory_file = os.path.join(scratch, "fleet-%d.yml" % hosts)
             with open(inventory_file, "w", encoding="utf-8") as out:
@@ -114,13 +141,34 @@ def main():
                        ("-e", "plan_out=%s" % os.path.join(scratch, "plan-%d.json" % hosts)))
             print("%6d hosts  playbooks/plan.yml           %7.1f s  %6.1f s per 1,000 hosts  %5.2fx the floor"
                   % (hosts, plan, plan * 1000 / hosts, plan / base))
-            if args.roll_report:
-                run_dir = os.path.join(scratch, "roll-%d" % hosts)
-                os.makedirs(os.path.join(run_dir, "hosts"))  # as tasks/run_dir.yml makes it for a roll
-                seconds = run(roll_report, inventory_file, args.forks, args.profile,
-                              ("-e", "rolling_restart_run_dir=%s" % run_dir))
-                print("%6d hosts  the roll's report path       %7.1f s  %6.1f s per 1,000 hosts  %5.2fx the floor"
-                      % (hosts, seconds, seconds * 1000 / hosts, seconds / base))
+            if args.roll:
+                for batches, setting in (("10 %", ("-e", "rolling_restart_serial=10%")),
+                                         ("a rack", ("-e", "rolling_restart_batch_by=rack"))):
+                    state = tempfile.mkdtemp(dir=scratch)
+                    seconds = run("playbooks/rolling_restart.yml", inventory_file, args.forks, args.profile, (
+                        *setting, "-e", "rolling_restart_lock_file=%s/lock" % state,
+                        "-e", "rolling_restart_journal_dir=%s/journal" % state,
+                        "-e", "rolling_restart_reports_dir=%s/reports" % state), roles_path)
+                    check_roll(state, hosts)
+                    print("%6d hosts  rolling_restart.yml, %-7s %7.1f s  %6.1f s per 1,000 hosts  %5.2fx the floor"
+                          % (hosts, batches, seconds, seconds * 1000 / hosts, seconds / base))
+
+
+def check_roll(state, hosts):
+    """Stop the benchmark unless the simulated roll rolled every host, ok, wrote its table and timeline and left the
+    roll journal empty: a time of a roll that did not happen is no figure."""
+    (run_id,) = os.listdir(os.path.join(state, "reports"))
+    run_dir = os.path.join(state, "reports", run_id)
+    with open(os.path.join(run_dir, "report.json"), encoding="utf-8") as source:
+        report = json.load(source)
+    rolled = report["hosts"]
+    if report["outcome"] != "ok" or len(rolled) != hosts or any(r["outcome"] != "ok" for r in rolled.values()):
+        sys.exit("the simulated roll did not roll every host: %s" % json.dumps(report)[:2000])
+    for name in ("table.txt", "timeline.png"):
+        if not os.path.exists(os.path.join(run_dir, name)):
+            sys.exit("the simulated roll wrote no %s in %s" % (name, run_dir))
+    if os.listdir(os.path.join(state, "journal")):
+        sys.exit("the simulated roll left hosts in the roll journal: %s" % os.listdir(os.path.join(state, "journal")))
 
 
 if __name__ == "__main__":
