@@ -68,10 +68,9 @@ STANDINS = {
     ("balancer", "drain"): [], ("balancer", "enable"): [],
     # Every balancer has every vLLM host's server UP but those leaving with this batch.
     ("balancer", "status"): [{"ansible.builtin.set_fact": {
-        "balancer_status_other_up": {"balancer-1": "{{ groups['vllm'] | length - balancer_status_leaving_hosts"
-                                                   " | union([balancer_target_host]) | length }}"},
-        "balancer_status_other_up_min": "{{ groups['vllm'] | length - balancer_status_leaving_hosts"
-                                        " | union([balancer_target_host]) | length }}"}}],
+        "balancer_status_other_up": {"balancer-1": "{{ bench_up }}"}, "balancer_status_other_up_min": "{{ bench_up }}"},
+        "vars": {"bench_up": "{{ groups['vllm'] | length - balancer_status_leaving_hosts"
+                             " | union([balancer_target_host]) | length }}"}}],
 }
 
 
