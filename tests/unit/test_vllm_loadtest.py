@@ -127,3 +127,20 @@ def test_a_queue_behind_the_token_budget_is_not_a_full_kv_cache():
     again = vllm_loadtest.verdict(report["stages"], [], report["plan"], 2048, 8, report["bounds"],
                                   report["kv_capacity"])
     assert again == report["verdict"]
+
+
+def test_a_short_stage_that_saw_the_queue_once_still_fails_a_cache_too_small():
+    """A real report of the fleet test's pinned plan (test_6c, vllm-3, 40 blocks of 128, 1008 + 16 tokens) from a
+    fleet run here (AMX Xeon, 2026-12-07) that the verdict passed: the stage at 8 lasted 0.53 s, vLLM ran 5 and kept
+    3 waiting in one sample only. vLLM's own block count (4 at that context) says the cache cannot hold 8."""
+    with open(os.path.join(ROOT, "tests", "fixtures", "loadtest", "short-stage-report.json"), encoding="utf-8") as f:
+        report = json.load(f)
+    at_8 = report["stages"][1]
+    assert at_8["sustained_waiting"] == 0 and at_8["peak_waiting"] == 3 and at_8["peak_running"] == 5
+    assert report["kv_capacity"] == vllm_loadtest.kv_capacity(40, 128, 1024) == 4
+    found = vllm_loadtest.verdict(report["stages"], [], report["plan"], 1024, 8, report["bounds"],
+                                  report["kv_capacity"])
+    assert not found["passed"] and [b["limit"] for b in found["broken"]] == ["max_num_seqs"]
+    assert "vLLM ran at most 5 and kept 3 waiting at concurrency 8" in found["broken"][0]["message"]
+    # Without the block count one sample of waiting is not enough (it can be the step's token budget).
+    assert vllm_loadtest.verdict(report["stages"], [], report["plan"], 1024, 8, report["bounds"])["passed"]

@@ -444,7 +444,9 @@ def test_6c_loadtest_fails_a_plan_whose_kv_cache_cannot_hold_max_num_seqs():
         roll = playbook("playbooks/rolling_restart.yml", "--limit", "localhost,vllm-3",
                         "-e", "rolling_restart_apply_config=true")
         assert roll.returncode == 0, roll.stdout[-3000:]
-        run = playbook("playbooks/loadtest.yml", "-e", "target=vllm-3", *LOADTEST_ARGS)
+        # 64 generated tokens (896 prompt): a stage of a few seconds, not half of one, so the queue behind the full
+        # cache is in many /metrics samples.
+        run = playbook("playbooks/loadtest.yml", "-e", "target=vllm-3", *LOADTEST_ARGS, "-e", "vllm_loadtest_output_len=64")
         assert run.returncode != 0 and "vllm-3 did not hold its plan under load (" in run.stdout, \
             run.stdout[-3000:]
         report, png = latest_loadtest("vllm-3")
@@ -453,7 +455,7 @@ def test_6c_loadtest_fails_a_plan_whose_kv_cache_cannot_hold_max_num_seqs():
         broken = {b["limit"]: b for b in report["verdict"]["broken"]}
         assert not report["verdict"]["passed"] and "max_num_seqs" in broken, broken
         at_8 = report["stages"][-1]
-        assert at_8["preemptions"] > 0 or (at_8["sustained_waiting"] > 0 and at_8["peak_running"] < 8), at_8
+        assert at_8["preemptions"] > 0 or (at_8["peak_waiting"] > 0 and at_8["peak_running"] < 8), at_8
         held = report["verdict"]["held_concurrency"]
         assert 1 <= held < 8 and broken["max_num_seqs"]["suggest_max_num_seqs"] == held
         assert report["fix_plan"]["fits"] and report["fix_plan"]["engine_args"]["max_num_seqs"] == held
