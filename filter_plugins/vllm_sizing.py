@@ -4,12 +4,12 @@
 for that plan.
 
 Documentation lives in the sidecar files next to this one (vllm_sizing.yml, vllm_kv_cache_bytes.yml,
-vllm_max_model_len.yml, vllm_serve_args.yml, vllm_model.yml, vllm_calibration_key.yml), so `ansible-doc -t filter
-NAME` shows it. The
-implementation is the package plugin_utils/vllm_sizing/ of this checkout, one concern per module (see its
-__init__.py): outside filter_plugins/, whose subdirectories Ansible scans for plugins too. Ansible loads filter
-plugins under names of its own, so the package is loaded here by its path, once per process and only when a filter
-is called, as `vllm_fleet_sizing`; it imports nothing from the rest of the project.
+vllm_max_model_len.yml, vllm_serve_args.yml, vllm_group_member_args.yml, vllm_model.yml, vllm_calibration_key.yml),
+so `ansible-doc -t filter NAME` shows it. The implementation is the package plugin_utils/vllm_sizing/ of this
+checkout, one concern per module (see its __init__.py): outside filter_plugins/, whose subdirectories Ansible scans
+for plugins too. Ansible loads filter plugins under names of its own, so the package is loaded here by its path,
+once per process and only when a filter is called, as `vllm_fleet_sizing`; it imports nothing from the rest of the
+project.
 """
 
 import importlib.util
@@ -52,6 +52,7 @@ vllm_kv_cache_bytes = _lazy("kv", "vllm_kv_cache_bytes")
 vllm_max_model_len = _lazy("kv", "vllm_max_model_len")
 vllm_sizing = _lazy("plan", "vllm_sizing")
 vllm_serve_args = _lazy("flags", "vllm_serve_args")
+vllm_group_member_args = _lazy("flags", "group_member_args")
 vllm_model = _lazy("shape", "vllm_model")
 vllm_calibration_key = _lazy("calibration", "calibration_key")
 
@@ -65,6 +66,7 @@ class FilterModule(object):
             "vllm_max_model_len": vllm_max_model_len,
             "vllm_sizing": vllm_sizing,
             "vllm_serve_args": vllm_serve_args,
+            "vllm_group_member_args": vllm_group_member_args,
             "vllm_model": vllm_model,
             "vllm_calibration_key": vllm_calibration_key,
         }

@@ -25,6 +25,15 @@ NON_TORCH_BYTES = {"snapshot": 160 * MiB, "snapshot-graphs": 256 * MiB, "consume
 NON_TORCH_TP_BYTES = {(12, 0): {"snapshot": 1024 * MiB, "snapshot-graphs": 1024 * MiB, "consumed": 1024 * MiB},
                       (9, 0): {"snapshot": 1408 * MiB, "snapshot-graphs": 2048 * MiB, "consumed": 2048 * MiB},
                       (0, 0): {"snapshot": 256 * MiB, "snapshot-graphs": 256 * MiB, "consumed": 256 * MiB}}
+# One instance across hosts (a replica group, policy.nodes): NCCL's buffers for the links between hosts, per GPU,
+# over IB/RoCE with GPUDirect RDMA (over TCP sockets they stay in host memory: the larger figure is planned). vLLM
+# sets up its communicators before its first memory snapshot and PyTorch's point-to-point ones come at the first
+# request, so most of it is outside vLLM's share: headroom the utilization must leave. With tensor parallelism
+# across hosts the profile run's all-reduces connect as much again inside the share (non-torch). From NCCL's
+# buffer sizes (about 9.2 MiB per channel and peer for LL + LL128 + SIMPLE, 2 MiB shared point-to-point pools per
+# channel) and vLLM's communicators (gpu_worker.init_device, parallel_state): docs/multi-node.md.
+CROSS_NODE_BYTES = {"pipeline": {"headroom": 512 * MiB, "profiled": 0},
+                    "tensor": {"headroom": 768 * MiB, "profiled": 768 * MiB}}
 # CUDA graphs: the piecewise graphs keep each layer's outputs for the largest capture size in their pool, plus
 # cuBLAS/NCCL state per captured graph. vLLM captures the batch sizes [1, 2, 4] + every 8 below 256 + every 16 from
 # 256, up to min(2 x max_num_seqs, 512) (config/vllm.py). Against the estimates 0.19 printed (0.49-1.82 GiB at 51
@@ -88,6 +97,31 @@ def choose_utilization(policy, applied):
     return value
 
 
+def cross_node(ctx, tp):
+    """CROSS_NODE_BYTES of an instance with tensor_parallel_size tp on ctx's hosts, None on one host."""
+    if ctx["nodes"] == 1:
+        return None
+    return CROSS_NODE_BYTES["tensor" if tp > ctx["gpus_per_node"] else "pipeline"]
+
+
+def leave_headroom(ctx, tp, applied, warnings):
+    """The utilization, lowered to leave a replica group's cross-host buffers outside vLLM's share (they come
+    before its startup check, which then finds less free memory than it requests, or at the first request)."""
+    utilization, cross = ctx["utilization"], cross_node(ctx, tp)
+    if cross is None or ctx["usable"] * (1 - utilization) >= cross["headroom"]:
+        return utilization
+    highest = math.floor((ctx["usable"] - cross["headroom"]) / ctx["usable"] * 100) / 100
+    if ctx["policy"]["gpu_memory_utilization"] is not None:
+        warnings.append("gpu_memory_utilization %.2f leaves %d MiB a GPU outside vLLM's share; the cross-host "
+                        "communication buffers need about %d MiB there: at most %.2f" % (
+                            utilization, ctx["usable"] * (1 - utilization) // MiB, cross["headroom"] // MiB,
+                            highest))
+        return utilization
+    applied.append("gpu_memory_utilization %.2f: leaves the cross-host communication buffers (about %d MiB a GPU) "
+                   "outside vLLM's share" % (highest, cross["headroom"] // MiB))
+    return highest
+
+
 def memory_budget(lay, ctx, seqs, weights=None):
     """Per-GPU memory budget: what vLLM subtracts from its share before the KV cache (weights: per GPU,
     to try another checkpoint)."""
@@ -113,6 +147,9 @@ def memory_budget(lay, ctx, seqs, weights=None):
         if lay["tp"] > 1:
             non_torch += next(v[regime] for cc, v in sorted(NON_TORCH_TP_BYTES.items(), reverse=True)
                               if ctx["device"]["capability"] >= cc)
+        cross = cross_node(ctx, lay["tp"])
+        if cross is not None:
+            non_torch += cross["profiled"]
         if regime == "consumed" and lay["runner"] == "v2":
             # The V2 runner's penalty state (output_bin_counts, int32, and a bit mask of the prompt's tokens per
             # sequence) is allocated with the model; only the "consumed" accounting counts it.

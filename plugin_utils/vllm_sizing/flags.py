@@ -16,6 +16,9 @@ SIZING_ARGS = (
     "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size", "enforce_eager", "block_size",
     "disable_custom_all_reduce",
 )
+# A replica group's arguments (docs/multi-node.md): one plan for the group, these per member (its rank, the head's
+# address); group_member_args gives them, serve_options may not.
+GROUP_ARGS = ("nnodes", "node_rank", "master_addr", "master_port", "headless")
 # Where an operator sets a sizing argument, when it is not the policy key of the same name.
 SIZING_POLICY = {"model": "policy.model (the role: vllm_model or vllm_model_dir)",
                  "disable_custom_all_reduce": "policy.expandable_segments (it sets this flag with TP/PP > 1)"}
@@ -34,6 +37,13 @@ FLAGS = {
     "served_model_name": {"flag": "--served-model-name", "kind": "list"},
     "tensor_parallel_size": {"flag": "--tensor-parallel-size", "kind": "int", "min": 1},
     "pipeline_parallel_size": {"flag": "--pipeline-parallel-size", "kind": "int", "min": 1},
+    # One instance across hosts without Ray (0.11.1+): every member gets the plan's arguments and these; the
+    # followers (rank > 0) run headless, the head (rank 0) serves the API.
+    "nnodes": {"flag": "--nnodes", "kind": "int", "min": 1},
+    "node_rank": {"flag": "--node-rank", "kind": "int", "min": 0},
+    "master_addr": {"flag": "--master-addr", "kind": "str"},
+    "master_port": {"flag": "--master-port", "kind": "int", "min": 1, "max": 65535},
+    "headless": {"flag": "--headless", "kind": "bool"},
     "gpu_memory_utilization": {"flag": "--gpu-memory-utilization", "kind": "utilization"},
     "max_model_len": {"flag": "--max-model-len", "kind": "int", "min": 1},
     "max_num_seqs": {"flag": "--max-num-seqs", "kind": "int", "min": 1},
@@ -188,6 +198,9 @@ def parse_serve_options(options, version):
                  % (field, ", ".join(sorted(set(FLAGS) - set(SIZING_ARGS)))))
         if key in SIZING_ARGS:
             fail("%s is decided by the plan: set %s instead" % (field, SIZING_POLICY.get(key, "policy." + key)))
+        if key in GROUP_ARGS:
+            fail("%s is set per member of a replica group (policy.nodes plans one; docs/multi-node.md), not in "
+                 "serve_options" % field)
         if key not in available:
             fail("%s: %s does not exist in vLLM %s (passing it fails argument parsing)"
                  % (field, FLAGS[key]["flag"], version))
@@ -196,3 +209,24 @@ def parse_serve_options(options, version):
         _render(key, FLAGS[key], value, version, field)
         out[key] = value
     return out
+
+
+def group_member_args(plan, rank, master_addr, master_port):
+    """The serving options of member `rank` of the replica group a plan spans (plan.gpus.nodes hosts): to pass to
+    vllm_serve_args beside the plan, the same on every member but for the rank and headless (rank > 0)."""
+    plan = as_dict(plan, "plan")
+    nodes = as_dict(plan.get("gpus"), "plan.gpus").get("nodes", 1)
+    if nodes == 1:
+        fail("the plan is for one host (plan.gpus.nodes 1): it has no group members")
+    version = resolve_version(plan.get("vllm_version"))
+    if "nnodes" not in available_flags(version):
+        fail("vLLM %s cannot run one instance across hosts without Ray (--nnodes came in 0.11.1)" % version)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < nodes:
+        fail("rank must be an integer from 0 to %d (the group has %d hosts, the head first), got %r"
+             % (nodes - 1, nodes, rank))
+    options = {"nnodes": nodes, "node_rank": rank, "master_addr": master_addr, "master_port": master_port,
+               "headless": rank > 0}
+    for key, value in options.items():
+        _render(key, FLAGS[key], value, version, key)
+    return options
+

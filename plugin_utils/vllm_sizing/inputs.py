@@ -39,6 +39,7 @@ POLICY = {
     "tensor_parallel_size": ("int", 1, "tensor parallel size to start from"),
     "allow_tensor_parallel": ("bool", True, "allow raising tensor parallelism"),
     "pipeline_parallel_size": ("int", 1, "pipeline stages"),
+    "nodes": ("int", 1, "hosts one instance spans, a replica group: gpus are all of theirs, as many on each"),
     "block_size": ("int", None, "KV block size"),
     "enforce_eager": ("bool", None, "CUDA graphs off"),
     "expandable_segments": ("bool", True, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),

@@ -5,9 +5,9 @@ sequences, more tensor parallelism) and says what it applied, what it warns abou
 """
 
 from . import calibration, inputs
-from .budget import choose_utilization, default_batch, memory_budget
+from .budget import choose_utilization, default_batch, leave_headroom, memory_budget
 from .common import fail, gib
-from .flags import parse_serve_options
+from .flags import available_flags, parse_serve_options
 from .kv import (KV_DTYPE_BYTES, REAL, check_message, checked_kv_dtype, fitting_max_len, kv_capacity,
                  kv_dtype_refusal, kv_layout, request_bytes, startup_check, tp_refusal)
 from .shape import model_shape
@@ -153,7 +153,11 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
     # Ampere: Triton's fp8 conversions, the only backend listing fp8 there, are not built for older GPUs.
     allow_fp8 = (policy["allow_fp8_kv_cache"] and capability >= (8, 0)
                  and not kv_dtype_refusal(shape, version, device, policy["block_size"], "fp8"))
-    tp_start, pp = policy["tensor_parallel_size"], policy["pipeline_parallel_size"]
+    nodes = policy["nodes"]
+    if nodes > 1:
+        tp_start, pp = _group_layout(shape, policy, gpu_count, version, where + name, warnings)
+    else:
+        tp_start, pp = policy["tensor_parallel_size"], policy["pipeline_parallel_size"]
     refusal = tp_refusal(shape, tp_start)
     if refusal:
         fail("%s%s: policy.tensor_parallel_size %d %s" % (where, name, tp_start, refusal))
@@ -164,18 +168,20 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
            "total_mib": total_mib,
            "applied": applied, "warnings": warnings, "version": version, "pp": pp,
            "block_size": policy["block_size"], "batched": batched,
-           "usable": usable, "utilization": utilization, "enforce_eager": enforce_eager, "policy": policy,
+           "usable": usable, "utilization": utilization, "nodes": nodes, "gpus_per_node": gpu_count // nodes, "enforce_eager": enforce_eager, "policy": policy,
            "extensible": row["extensible_kv_cache"], "target_len": target, "floor_len": floor,
            "p99": p99, "peak": peak, "serve": serve, "tp_start": tp_start,
            "measured": calibration.measurement(policy["measured"]) if policy["measured"] else None,
            "loadtest": calibration.loadtest(policy["loadtest"]) if policy["loadtest"] else None,
            "device": device,
            "min_seqs": policy["min_num_seqs"] or max(1, (peak or 0) // 2)}
+    ctx["utilization"] = leave_headroom(ctx, tp_start, applied, warnings)
 
     # Fallbacks in order: shorter max_model_len (inside _attempt), fp8 KV cache, fewer max_num_seqs,
     # more tensor parallelism. Quantized weights can only be suggested.
     tried, chosen = [], None
-    tp_candidates = _tp_candidates(shape, tp_start, gpu_count // pp, policy["allow_tensor_parallel"])
+    # A replica group's layout uses all of its GPUs: nothing larger to fall back to.
+    tp_candidates = _tp_candidates(shape, tp_start, gpu_count // pp, policy["allow_tensor_parallel"] and nodes == 1)
     for tp in tp_candidates:
         dtypes = [kv_dtype] + (["fp8"] if allow_fp8 and KV_DTYPE_BYTES[kv_dtype] != 1 else [])
         results = [_attempt(ctx, tp, d, seqs) for d in dtypes]
@@ -191,6 +197,39 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
     if not plan["fits"] and policy["strict"]:
         fail("vllm_sizing: %s%s" % (where, plan["reason"]))
     return plan
+
+
+def _group_layout(shape, policy, gpu_count, version, who, warnings):
+    """Tensor and pipeline parallel sizes of one instance across policy.nodes hosts: all the group's GPUs
+    (tensor x pipeline), by default tensor parallel inside each host and a pipeline stage per host. A tensor-parallel
+    group either stays inside a host or spans whole hosts."""
+    nodes = policy["nodes"]
+    if "nnodes" not in available_flags(version):
+        fail("%s: policy.nodes %d: vLLM %s cannot run one instance across hosts without Ray (--nnodes came in "
+             "0.11.1)" % (who, nodes, version))
+    if gpu_count % nodes:
+        fail("%s: policy.nodes %d: the group's %d GPUs are not as many on each host" % (who, nodes, gpu_count))
+    per_node = gpu_count // nodes
+    tp, pp = policy["tensor_parallel_size"], policy["pipeline_parallel_size"]
+    if tp == 1 and pp == 1:
+        tp, pp = per_node, nodes
+    elif pp == 1 and gpu_count % tp == 0:
+        pp = gpu_count // tp
+    elif tp == 1 and gpu_count % pp == 0:
+        tp = gpu_count // pp
+    if tp * pp != gpu_count:
+        fail("%s: a replica group of %d hosts runs one instance on all its %d GPUs: tensor_parallel_size %d x "
+             "pipeline_parallel_size %d must be %d" % (who, nodes, gpu_count, tp, pp, gpu_count))
+    if (per_node % tp if tp < per_node else tp % per_node):
+        fail("%s: tensor_parallel_size %d with %d GPUs a host would split a tensor-parallel group unevenly across "
+             "hosts: use a divisor or a multiple of %d" % (who, tp, per_node, per_node))
+    if pp > shape["layers"]:
+        fail("%s: pipeline_parallel_size %d is more than the model's %d layers" % (who, pp, shape["layers"]))
+    if tp > per_node:
+        warnings.append("tensor parallelism across hosts (tensor_parallel_size %d, %d GPUs a host): every layer's "
+                        "all-reduce crosses the network; a pipeline stage per host (the default) needs far less "
+                        "bandwidth" % (tp, per_node))
+    return tp, pp
 
 
 def _fewer_seqs(result, ctx, tp):
@@ -238,6 +277,10 @@ def _plan(ctx, result, fits, tried):
     elif ctx["peak"] and result["max_num_seqs"] < ctx["peak"]:
         applied.append("max_num_seqs %d (peak concurrency %d does not fit at context %d; floor %d)"
                        % (result["max_num_seqs"], ctx["peak"], ctx["p99"] or length, ctx["min_seqs"]))
+    if ctx["nodes"] > 1:
+        applied.append("one instance across a replica group of %d hosts (tensor_parallel_size %d, "
+                       "pipeline_parallel_size %d); the budget has the cross-host communication buffers"
+                       % (ctx["nodes"], tp, pp))
     start_tp = tried[0]["tp"]
     if tp > start_tp:
         applied.append("tensor_parallel_size %d: splits the weights over %d GPUs to make room for KV cache"
@@ -285,7 +328,7 @@ def _plan(ctx, result, fits, tried):
     plan = {
         "fits": fits, "reason": "", "vllm_version": ctx["version"], "host": ctx["host"], "model": _model_arg(ctx),
         "gpus": {"name": ctx["gpu_name"], "count": ctx["gpu_count"], "used": tp * pp,
-                 "memory_total_mib": ctx["total_mib"]},
+                 "memory_total_mib": ctx["total_mib"], "nodes": ctx["nodes"]},
         "engine_args": engine_args, "env": env, "budget_per_gpu": budget,
         "block_size": lay["block_size"], "attention_backend": lay["attention"]["backend"],
         "kv_cache_tokens": capacity["tokens"],
@@ -307,12 +350,20 @@ def _plan(ctx, result, fits, tried):
     if result.get("loadtest"):
         plan["loadtest"] = result["loadtest"]
     if fits:
-        plan["reason"] = ("%s fits on %d x %s: %s of KV cache per GPU holds %d tokens, %.2f requests at "
-                          "max_model_len %d" % (name, tp * pp, ctx["gpu_name"], gib(budget["kv_cache_bytes"]),
+        plan["reason"] = ("%s fits on %s: %s of KV cache per GPU holds %d tokens, %.2f requests at "
+                          "max_model_len %d" % (name, _where(ctx, tp, pp), gib(budget["kv_cache_bytes"]),
                                                 capacity["tokens"], capacity["concurrency"], length))
     else:
         plan["reason"] = _misfit_reason(ctx, result, tried)
     return plan
+
+
+def _where(ctx, tp, pp):
+    """The GPUs a plan runs on, in words: 2 x A10G, or 2 hosts of 8 x H100 (TP 8 on each, PP 2 across them)."""
+    if ctx["nodes"] == 1:
+        return "%d x %s" % (tp * pp, ctx["gpu_name"])
+    return "%d hosts of %d x %s (tensor_parallel_size %d, pipeline_parallel_size %d)" % (
+        ctx["nodes"], ctx["gpu_count"] // ctx["nodes"], ctx["gpu_name"], tp, pp)
 
 
 def _concurrency_limit(ctx, result, length):
@@ -381,21 +432,24 @@ MAX_HOSTS = 16
 
 
 def _hosts_hint(ctx, result):
-    """How many hosts with these GPUs one instance across them needs: tensor parallel within each host (the largest
-    size vLLM shards the model over), a pipeline stage per host, each sized as one host is. The budget has no
-    cross-host communication buffers yet, and replica groups are not built (docs/multi-node.md): a hint, not a plan."""
+    """How many hosts with these GPUs one instance across them needs, planned as a replica group is (policy.nodes):
+    tensor parallel within each host (the largest size vLLM shards the model over), a pipeline stage per host, the
+    cross-host buffers in the budget."""
     shape = ctx["shape"]
+    if ctx["nodes"] > 1 or "nnodes" not in available_flags(ctx["version"]):
+        return ""
     tp = _tp_candidates(shape, ctx["tp_start"], ctx["gpu_count"] // ctx["pp"], True)[-1]
     for hosts in range(2, MAX_HOSTS + 1):
         pp = ctx["pp"] * hosts
         if pp > shape["layers"]:
             break
-        group = dict(ctx, pp=pp, measured=None, loadtest=None)
+        group = dict(ctx, pp=pp, nodes=hosts, gpus_per_node=ctx["gpu_count"], measured=None, loadtest=None)
+        group["utilization"] = leave_headroom(group, tp, [], [])
         attempt = _attempt(group, tp, result["kv_dtype"], result["max_num_seqs"])
         if _fits_workload(attempt, group) or _fewer_seqs(attempt, group, tp):
             return ("one instance across %d hosts of %d x %s would hold it (tensor_parallel_size %d on each, "
-                    "pipeline_parallel_size %d across them, before cross-host communication buffers, and replica groups "
-                    "are not built yet: docs/multi-node.md)" % (hosts, ctx["gpu_count"], ctx["gpu_name"], tp, pp))
+                    "pipeline_parallel_size %d across them): policy.nodes %d plans that replica group "
+                    "(docs/multi-node.md)" % (hosts, ctx["gpu_count"], ctx["gpu_name"], tp, pp, hosts))
     return "not even %d hosts of %d x %s would hold it as one instance" % (MAX_HOSTS, ctx["gpu_count"],
                                                                           ctx["gpu_name"])
 

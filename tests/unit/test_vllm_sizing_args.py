@@ -272,11 +272,12 @@ def test_bad_sizing_input(gpus, workload, policy, message):
 
 def test_filter_module_exposes_the_sizing_filters():
     assert set(vs.FilterModule().filters()) == {"vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_sizing",
-                                                "vllm_serve_args", "vllm_model", "vllm_calibration_key"}
+                                                "vllm_serve_args", "vllm_group_member_args", "vllm_model",
+                                                "vllm_calibration_key"}
 
 
 @pytest.mark.parametrize("name", ["vllm_sizing", "vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_serve_args",
-                                  "vllm_model", "vllm_calibration_key", "fleet_servers", "fleet_address",
+                                  "vllm_group_member_args", "vllm_model", "vllm_calibration_key", "fleet_servers", "fleet_address",
                                   "systemd_exec", "systemd_environment", "systemd_value", "systemd_comment",
                                   "env_file", "haproxy_word", "fleet_invalid"])
 def test_ansible_doc_shows_docs_and_examples(name):

@@ -148,14 +148,17 @@ def sample(spec, key, version):
 
 @pytest.mark.parametrize("version", sorted(sz.versions.VERSIONS))
 def test_every_flag_of_the_table_reaches_the_command_line(version):
-    """Each flag is set by the plan (sizing), by the role's own variables, or through serve_options."""
-    settable = sorted(set(sz.flags.available_flags(version)) - set(sz.flags.SIZING_ARGS) - ROLE_OWNED)
+    """Each flag is set by the plan (sizing), by the role's own variables, per member of a replica group
+    (group_member_args, test_vllm_sizing_plan.py), or through serve_options."""
+    settable = sorted(set(sz.flags.available_flags(version)) - set(sz.flags.SIZING_ARGS) - ROLE_OWNED
+                      - set(sz.flags.GROUP_ARGS))
     sized = {"kv_cache_memory_bytes": 20 << 30, "num_gpu_blocks_override": 50000}  # the smallest would not fit
     options = {key: sized.get(key) or sample(sz.flags.FLAGS[key], key, version) for key in settable}
     rendered = vllm_serve_args(plan(H100, vllm_version=version, serve_options=options))
     for key in settable:
         assert sz.flags.FLAGS[key]["flag"] in rendered, key
-    assert len(settable) + len(set(sz.flags.SIZING_ARGS)) + len(ROLE_OWNED) >= len(sz.flags.available_flags(version))
+    assert len(settable) + len(set(sz.flags.SIZING_ARGS)) + len(ROLE_OWNED) + len(sz.flags.GROUP_ARGS) >= len(
+        sz.flags.available_flags(version))
 
 
 def test_serve_options_render_into_the_plan():

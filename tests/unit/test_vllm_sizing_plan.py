@@ -176,18 +176,123 @@ def test_a_model_too_large_for_the_host_names_the_fewest_hosts_whose_pipeline_ho
     hint = next(part for part in plan["reason"].split("; ") if part.startswith("one instance across"))
     hosts = int(hint.split()[3])
     assert hint == ("one instance across %d hosts of 1 x NVIDIA A10G would hold it (tensor_parallel_size 1 on each, "
-                    "pipeline_parallel_size %d across them, before cross-host communication buffers, and replica groups "
-                    "are not built yet: docs/multi-node.md)" % (hosts, hosts))
-    # The same arithmetic, asked directly: that many pipeline stages serve the workload, one fewer does not.
-    for stages, fits in ((hosts, True), (hosts - 1, False)):
-        gpus = [dict(a10g[0], index=n, uuid="GPU-%d" % n) for n in range(stages)]
-        staged = plan_for(gpus, "meta-llama/Llama-3.1-70B-Instruct", workload, strict=False,
-                          pipeline_parallel_size=stages)
+                    "pipeline_parallel_size %d across them): policy.nodes %d plans that replica group "
+                    "(docs/multi-node.md)" % (hosts, hosts, hosts))
+    # The same arithmetic, asked as the replica group it names: that many hosts serve the workload, one fewer not.
+    for nodes, fits in ((hosts, True), (hosts - 1, False)):
+        staged = plan_for(hosts_of(a10g, nodes), "meta-llama/Llama-3.1-70B-Instruct", workload, strict=False,
+                          nodes=nodes)
         assert staged["fits"] is fits, staged["reason"]
+        assert staged["engine_args"]["pipeline_parallel_size"] == nodes
     tiny = [gpu("Tesla T4", 15360, "7.5")]
     assert "not even 16 hosts of 1 x Tesla T4 would hold it" in plan_for(
         tiny, "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", {"p99_context": 32768, "peak_concurrency": 64},
         strict=False)["reason"]
+    # A release without multi-node serving (--nnodes came in 0.11.1) names no hosts.
+    assert "one instance across" not in plan_for(a10g, "meta-llama/Llama-3.1-70B-Instruct", workload, strict=False,
+                                                 vllm_version="0.11.0")["reason"]
+
+
+# --- Replica groups: one instance across hosts ------------------------------------------------------------------
+
+def hosts_of(gpus, nodes):
+    """The GPU facts of `nodes` hosts like the one given, as a replica group's plan takes them (all of theirs)."""
+    return [dict(g, index=g["index"], uuid="GPU-%d-%d" % (n, g["index"])) for n in range(nodes) for g in gpus]
+
+
+A10G_X4 = [dict(gpu("NVIDIA A10G", 23028, "8.6"), index=i) for i in range(4)]
+LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
+
+
+def test_a_replica_group_runs_tensor_parallel_in_each_host_and_a_pipeline_stage_per_host():
+    workload = {"p99_context": 8192, "peak_concurrency": 8}
+    assert not plan_for(A10G_X4, LLAMA_70B, workload, strict=False)["fits"]
+    plan = plan_for(hosts_of(A10G_X4, 2), LLAMA_70B, workload, nodes=2)
+    args = plan["engine_args"]
+    assert plan["fits"] and (args["tensor_parallel_size"], args["pipeline_parallel_size"]) == (4, 2)
+    assert plan["gpus"] == {"name": "NVIDIA A10G", "count": 8, "used": 8, "memory_total_mib": 23028, "nodes": 2}
+    assert plan["reason"].startswith("meta-llama/Llama-3.1-70B-Instruct fits on 2 hosts of 4 x NVIDIA A10G "
+                                     "(tensor_parallel_size 4, pipeline_parallel_size 2): ")
+    assert any(line.startswith("one instance across a replica group of 2 hosts") for line in plan["applied"])
+    # The same layout on one host of 8 GPUs: a stage per host leaves the cross-host buffers outside vLLM's share,
+    # which 0.90 of an A10G does (2.2 GiB), so the budget is the same.
+    one_host = plan_for(hosts_of(A10G_X4, 2), LLAMA_70B, workload, tensor_parallel_size=4, pipeline_parallel_size=2,
+                        allow_tensor_parallel=False)
+    assert one_host["gpus"]["nodes"] == 1 and one_host["budget_per_gpu"] == plan["budget_per_gpu"]
+    assert sz.budget.CROSS_NODE_BYTES["pipeline"] == {"headroom": 512 << 20, "profiled": 0}
+
+
+def test_a_replica_group_leaves_its_cross_host_buffers_outside_vllms_share():
+    workload = {"p99_context": 8192, "peak_concurrency": 4}
+    group = hosts_of(A10G_X4, 2)
+    usable = sz.inputs.gpu_group(group, None)[2]
+    # Tensor parallel across the hosts: the profile's all-reduces put as much again inside the share (non-torch).
+    across = plan_for(group, LLAMA_70B, workload, nodes=2, tensor_parallel_size=8, gpu_sharing="exclusive")
+    inside = plan_for(group, LLAMA_70B, workload, tensor_parallel_size=8, gpu_sharing="exclusive")
+    cross = sz.budget.CROSS_NODE_BYTES["tensor"]
+    assert (across["budget_per_gpu"]["non_torch_bytes"] - inside["budget_per_gpu"]["non_torch_bytes"]
+            == cross["profiled"] > 0)
+    # 0.93 of an A10G leaves 1.6 GiB outside vLLM's share: more than the 768 MiB, so kept.
+    assert across["engine_args"]["gpu_memory_utilization"] == 0.93 and usable * 0.07 > cross["headroom"]
+    # On 11 GiB cards 0.93 leaves 735 MiB: lowered to what leaves the buffers room (10,752 MiB usable: 0.92).
+    small = hosts_of([dict(gpu("NVIDIA GeForce RTX 2080 Ti", 11264, "7.5"), index=i) for i in range(4)], 2)
+    lowered = plan_for(small, "Qwen/Qwen3-8B", {"p99_context": 4096}, nodes=2, tensor_parallel_size=8,
+                       gpu_sharing="exclusive")
+    assert lowered["engine_args"]["gpu_memory_utilization"] == 0.92
+    assert "gpu_memory_utilization 0.92: leaves the cross-host communication buffers (about 768 MiB a GPU) outside " \
+           "vLLM's share" in lowered["applied"]
+    # Set by the operator: kept, with a warning.
+    kept = plan_for(group, LLAMA_70B, workload, nodes=2, tensor_parallel_size=8, gpu_memory_utilization=0.97,
+                    strict=False)
+    assert kept["engine_args"]["gpu_memory_utilization"] == 0.97
+    assert any(line.startswith("gpu_memory_utilization 0.97 leaves") and "at most 0.96" in line
+               for line in kept["warnings"]), kept["warnings"]
+
+
+def test_a_replica_group_takes_the_layout_it_is_given_and_warns_of_tensor_parallel_across_hosts():
+    workload = {"p99_context": 8192, "peak_concurrency": 4}
+    across = plan_for(hosts_of(A10G_X4, 2), LLAMA_70B, workload, nodes=2, tensor_parallel_size=8)
+    assert (across["engine_args"]["tensor_parallel_size"], across["engine_args"].get("pipeline_parallel_size")) == (8, None)
+    assert any("tensor parallelism across hosts" in line for line in across["warnings"])
+    staged = plan_for(hosts_of(A10G_X4, 2), LLAMA_70B, workload, nodes=2, pipeline_parallel_size=4)
+    assert (staged["engine_args"]["tensor_parallel_size"], staged["engine_args"]["pipeline_parallel_size"]) == (2, 4)
+    assert not any("across hosts" in line for line in staged["warnings"])
+
+
+@pytest.mark.parametrize("gpus, policy, message", [
+    (A10G_X4[:3] + A10G_X4, {"nodes": 2}, r"host g1: meta-llama/Llama-3.1-70B-Instruct: policy.nodes 2: the group's 7 "
+                                          r"GPUs are not as many on each host"),
+    (hosts_of(A10G_X4, 2), {"nodes": 2, "tensor_parallel_size": 2, "pipeline_parallel_size": 2},
+     r"a replica group of 2 hosts runs one instance on all its 8 GPUs: tensor_parallel_size 2 x "
+     r"pipeline_parallel_size 2 must be 8"),
+    (hosts_of(A10G_X4[:3], 2), {"nodes": 2, "pipeline_parallel_size": 3},
+     r"tensor_parallel_size 2 with 3 GPUs a host would split a tensor-parallel group unevenly"),
+    (hosts_of(A10G_X4, 2), {"nodes": 2, "vllm_version": "0.11.0"},
+     r"policy.nodes 2: vLLM 0.11.0 cannot run one instance across hosts without Ray \(--nnodes came in 0.11.1\)"),
+])
+def test_a_replica_group_layout_that_cannot_run_is_refused_before_sizing(gpus, policy, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        plan_for(gpus, LLAMA_70B, {"p99_context": 8192}, host="g1", **policy)
+
+
+def test_every_member_gets_the_plans_arguments_and_only_the_followers_run_headless():
+    plan = plan_for(hosts_of(A10G_X4, 2), LLAMA_70B, {"p99_context": 8192, "peak_concurrency": 4}, nodes=2,
+                    model="/srv/models/llama-70b")
+    head = sz.flags.group_member_args(plan, 0, "10.0.0.1", 29500)
+    follower = sz.flags.group_member_args(plan, 1, "10.0.0.1", 29500)
+    assert head == {"nnodes": 2, "node_rank": 0, "master_addr": "10.0.0.1", "master_port": 29500, "headless": False}
+    assert follower == dict(head, node_rank=1, headless=True)
+    head_argv, follower_argv = (sz.flags.vllm_serve_args(plan, m) for m in (head, follower))
+    assert "--headless" in follower_argv and "--headless" not in head_argv
+    assert [w for w in follower_argv if w != "--headless"] == [
+        "1" if w == "0" and head_argv[i - 1] == "--node-rank" else w for i, w in enumerate(head_argv)]
+    assert head_argv[head_argv.index("--nnodes") + 1] == "2"
+    with pytest.raises(AnsibleFilterError, match=r"rank must be an integer from 0 to 1"):
+        sz.flags.group_member_args(plan, 2, "10.0.0.1", 29500)
+    with pytest.raises(AnsibleFilterError, match=r"the plan is for one host"):
+        sz.flags.group_member_args(plan_for(A10G_X4, "Qwen/Qwen3-8B"), 0, "10.0.0.1", 29500)
+    with pytest.raises(AnsibleFilterError, match=r"policy.serve_options.nnodes is set per member of a replica group"):
+        plan_for(A10G_X4, "Qwen/Qwen3-8B", serve_options={"nnodes": 2})
 
 
 # --- Conflicts, environment, versions -----------------------------------------------------------------------------
