@@ -168,7 +168,8 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
            "total_mib": total_mib,
            "applied": applied, "warnings": warnings, "version": version, "pp": pp,
            "block_size": policy["block_size"], "batched": batched,
-           "usable": usable, "utilization": utilization, "nodes": nodes, "gpus_per_node": gpu_count // nodes, "enforce_eager": enforce_eager, "policy": policy,
+           "usable": usable, "utilization": utilization, "enforce_eager": enforce_eager, "policy": policy,
+           "nodes": nodes, "gpus_per_node": gpu_count // nodes,
            "extensible": row["extensible_kv_cache"], "target_len": target, "floor_len": floor,
            "p99": p99, "peak": peak, "serve": serve, "tp_start": tp_start,
            "measured": calibration.measurement(policy["measured"]) if policy["measured"] else None,
@@ -433,24 +434,25 @@ MAX_HOSTS = 16
 
 def _hosts_hint(ctx, result):
     """How many hosts with these GPUs one instance across them needs, planned as a replica group is (policy.nodes):
-    tensor parallel within each host (the largest size vLLM shards the model over), a pipeline stage per host, the
-    cross-host buffers in the budget."""
+    tensor parallel within each host (the largest size vLLM shards the model over), as many pipeline stages per host
+    as the plan has, the cross-host buffers in the budget. A group that does not fit is asked with more hosts."""
     shape = ctx["shape"]
-    if ctx["nodes"] > 1 or "nnodes" not in available_flags(ctx["version"]):
+    if "nnodes" not in available_flags(ctx["version"]):
         return ""
-    tp = _tp_candidates(shape, ctx["tp_start"], ctx["gpu_count"] // ctx["pp"], True)[-1]
-    for hosts in range(2, MAX_HOSTS + 1):
-        pp = ctx["pp"] * hosts
+    stages = max(1, ctx["pp"] // ctx["nodes"])  # per host
+    tp = _tp_candidates(shape, ctx["tp_start"] if ctx["nodes"] == 1 else 1, ctx["gpus_per_node"] // stages, True)[-1]
+    for hosts in range(ctx["nodes"] + 1, MAX_HOSTS + 1):
+        pp = stages * hosts
         if pp > shape["layers"]:
             break
-        group = dict(ctx, pp=pp, nodes=hosts, gpus_per_node=ctx["gpu_count"], measured=None, loadtest=None)
+        group = dict(ctx, pp=pp, nodes=hosts, measured=None, loadtest=None)
         group["utilization"] = leave_headroom(group, tp, [], [])
         attempt = _attempt(group, tp, result["kv_dtype"], result["max_num_seqs"])
         if _fits_workload(attempt, group) or _fewer_seqs(attempt, group, tp):
             return ("one instance across %d hosts of %d x %s would hold it (tensor_parallel_size %d on each, "
                     "pipeline_parallel_size %d across them): policy.nodes %d plans that replica group "
-                    "(docs/multi-node.md)" % (hosts, ctx["gpu_count"], ctx["gpu_name"], tp, pp, hosts))
-    return "not even %d hosts of %d x %s would hold it as one instance" % (MAX_HOSTS, ctx["gpu_count"],
+                    "(docs/multi-node.md)" % (hosts, ctx["gpus_per_node"], ctx["gpu_name"], tp, pp, hosts))
+    return "not even %d hosts of %d x %s would hold it as one instance" % (MAX_HOSTS, ctx["gpus_per_node"],
                                                                           ctx["gpu_name"])
 
 

@@ -184,6 +184,8 @@ def test_a_model_too_large_for_the_host_names_the_fewest_hosts_whose_pipeline_ho
                           nodes=nodes)
         assert staged["fits"] is fits, staged["reason"]
         assert staged["engine_args"]["pipeline_parallel_size"] == nodes
+    # A group too small is told the same number of hosts.
+    assert hint in staged["reason"]
     tiny = [gpu("Tesla T4", 15360, "7.5")]
     assert "not even 16 hosts of 1 x Tesla T4 would hold it" in plan_for(
         tiny, "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", {"p99_context": 32768, "peak_concurrency": 64},
@@ -252,7 +254,8 @@ def test_a_replica_group_leaves_its_cross_host_buffers_outside_vllms_share():
 def test_a_replica_group_takes_the_layout_it_is_given_and_warns_of_tensor_parallel_across_hosts():
     workload = {"p99_context": 8192, "peak_concurrency": 4}
     across = plan_for(hosts_of(A10G_X4, 2), LLAMA_70B, workload, nodes=2, tensor_parallel_size=8)
-    assert (across["engine_args"]["tensor_parallel_size"], across["engine_args"].get("pipeline_parallel_size")) == (8, None)
+    args = across["engine_args"]
+    assert args["tensor_parallel_size"] == 8 and "pipeline_parallel_size" not in args
     assert any("tensor parallelism across hosts" in line for line in across["warnings"])
     staged = plan_for(hosts_of(A10G_X4, 2), LLAMA_70B, workload, nodes=2, pipeline_parallel_size=4)
     assert (staged["engine_args"]["tensor_parallel_size"], staged["engine_args"]["pipeline_parallel_size"]) == (2, 4)
