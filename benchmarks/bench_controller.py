@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The controller at fleet scale: playbooks against a generated inventory, beside Ansible's own floor (figures).
 
-    .venv/bin/python benchmarks/bench_controller.py [--hosts 100 1000] [--forks 50] [--profile]
+    .venv/bin/python benchmarks/bench_controller.py [--hosts 100 1000] [--forks 50] [--profile] [--roll
+        [--roll-batches percent rack]]
 
 For each size, an inventory of that many vLLM hosts with declared GPUs (nvidia_gpu_declared: nothing is contacted,
 the connection is local) is generated: four GPU types, each with its catalog model, workload and policy, so the fleet
@@ -74,6 +75,11 @@ STANDINS = {
 }
 
 
+# The roll's batchings: --roll-batches name -> (label, extra vars). The floor runs beside the 10 % one.
+ROLL_BATCHES = {"percent": ("10 %", ("-e", "rolling_restart_serial=10%")),
+                "rack": ("a rack", ("-e", "rolling_restart_batch_by=rack"))}
+
+
 def standin_roles(directory):
     """The STANDINS as roles under directory, each task file one set_fact unless it sets something."""
     for (role, tasks_from), tasks in STANDINS.items():
@@ -131,6 +137,8 @@ def main():
     parser.add_argument("--forks", type=int, default=50)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--roll", action="store_true", help="also time rolling_restart.yml with stand-in hosts")
+    parser.add_argument("--roll-batches", nargs="+", choices=sorted(ROLL_BATCHES), default=sorted(ROLL_BATCHES),
+                        help="which of the roll's batchings to time (default both)")
     args = parser.parse_args()
     print("controller: %d CPU(s), forks %d; %d configurations" % (os.cpu_count(), args.forks, len(CONFIGURATIONS)))
     with tempfile.TemporaryDirectory() as scratch:
@@ -151,8 +159,7 @@ def main():
             print("%6d hosts  playbooks/plan.yml           %7.1f s  %6.1f s per 1,000 hosts  %5.2fx the floor"
                   % (hosts, plan, plan * 1000 / hosts, plan / base))
             if args.roll:
-                for batches, setting in (("10 %", ("-e", "rolling_restart_serial=10%")),
-                                         ("a rack", ("-e", "rolling_restart_batch_by=rack"))):
+                for batches, setting in (ROLL_BATCHES[name] for name in sorted(args.roll_batches)):
                     state = tempfile.mkdtemp(dir=scratch)
                     seconds, output = run("playbooks/rolling_restart.yml", inventory_file, args.forks, args.profile, (
                         *setting, "-e", "rolling_restart_lock_file=%s/lock" % state,
