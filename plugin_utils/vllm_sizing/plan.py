@@ -280,8 +280,8 @@ def _plan(ctx, result, fits, tried):
                        % (result["max_num_seqs"], ctx["peak"], ctx["p99"] or length, ctx["min_seqs"]))
     if ctx["nodes"] > 1:
         applied.append("one instance across a replica group of %d hosts (tensor_parallel_size %d, "
-                       "pipeline_parallel_size %d); the budget has the cross-host communication buffers"
-                       % (ctx["nodes"], tp, pp))
+                       "pipeline_parallel_size %d): room for NCCL's cross-host buffers left outside vLLM's share%s"
+                       % (ctx["nodes"], tp, pp, " and counted inside it" if tp > ctx["gpus_per_node"] else ""))
     start_tp = tried[0]["tp"]
     if tp > start_tp:
         applied.append("tensor_parallel_size %d: splits the weights over %d GPUs to make room for KV cache"
