@@ -360,7 +360,8 @@ def _plan(ctx, result, fits, tried):
 
 
 def _where(ctx, tp, pp):
-    """The GPUs a plan runs on, in words: 2 x A10G, or 2 hosts of 8 x H100 (TP 8 on each, PP 2 across them)."""
+    """The GPUs a plan runs on, in words: "2 x NVIDIA A10G", or for a replica group "2 hosts of 8 x NVIDIA H100 ...
+    (tensor_parallel_size 8, pipeline_parallel_size 2)"."""
     if ctx["nodes"] == 1:
         return "%d x %s" % (tp * pp, ctx["gpu_name"])
     return "%d hosts of %d x %s (tensor_parallel_size %d, pipeline_parallel_size %d)" % (
@@ -435,7 +436,7 @@ MAX_HOSTS = 16
 def _hosts_hint(ctx, result):
     """How many hosts with these GPUs one instance across them needs, planned as a replica group is (policy.nodes):
     tensor parallel within each host (the largest size vLLM shards the model over), as many pipeline stages per host
-    as the plan has, the cross-host buffers in the budget. A group that does not fit is asked with more hosts."""
+    as the plan has, room left for the cross-host buffers. A group that does not fit is asked with more hosts."""
     shape = ctx["shape"]
     if "nnodes" not in available_flags(ctx["version"]):
         return ""
