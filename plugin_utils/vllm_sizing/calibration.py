@@ -36,7 +36,7 @@ def key_fields(plan):
             "pipeline_parallel_size": args.get("pipeline_parallel_size", 1),
             "dtype": str(args.get("dtype") or "auto"), "quantization": str(args.get("quantization") or "none"),
             "kv_cache_dtype": args["kv_cache_dtype"], "max_num_batched_tokens": args["max_num_batched_tokens"],
-            "enforce_eager": bool(args["enforce_eager"])}
+            "enforce_eager": bool(args["enforce_eager"]), "nodes": plan["gpus"].get("nodes", 1)}
 
 
 def _word(text):
@@ -44,10 +44,13 @@ def _word(text):
 
 
 def key_path(fields):
-    """The store's directory of a configuration: gpu/model/vllm-version/tpN-ppM-dtype-quant-kv-bN-mode."""
+    """The store's directory of a configuration: gpu/model/vllm-version/tpN-ppM[-nK]-dtype-quant-kv-bN-mode, nK for
+    a replica group of K hosts (its cross-host buffers are not a single host's of the same layout)."""
     model = fields["model"].rstrip("/").split("/")[-1] if fields["model"].startswith("/") else fields["model"]
+    nodes = ["n%d" % fields["nodes"]] if fields.get("nodes", 1) > 1 else []
     return "/".join([_word(fields["gpu"]), _word(model), "vllm-" + _word(fields["vllm_version"]), "-".join([
-        "tp%d" % fields["tensor_parallel_size"], "pp%d" % fields["pipeline_parallel_size"], _word(fields["dtype"]),
+        "tp%d" % fields["tensor_parallel_size"], "pp%d" % fields["pipeline_parallel_size"], *nodes,
+        _word(fields["dtype"]),
         _word(fields["quantization"]), "kv-" + _word(fields["kv_cache_dtype"]),
         "b%d" % fields["max_num_batched_tokens"], "eager" if fields["enforce_eager"] else "graphs"])])
 

@@ -71,7 +71,7 @@ def _key_fields(ctx, tp, kv_dtype):
             "tensor_parallel_size": tp, "pipeline_parallel_size": ctx["pp"], "kv_cache_dtype": kv_dtype,
             "max_num_batched_tokens": ctx["batched"], "enforce_eager": ctx["enforce_eager"],
             "dtype": str(ctx["serve"].get("dtype") or "auto"),
-            "quantization": str(ctx["serve"].get("quantization") or "none")}
+            "quantization": str(ctx["serve"].get("quantization") or "none"), "nodes": ctx["nodes"]}
 
 
 def _loadtest_cap(ctx, result):

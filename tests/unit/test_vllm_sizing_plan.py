@@ -251,6 +251,24 @@ def test_a_replica_group_leaves_its_cross_host_buffers_outside_vllms_share():
                for line in kept["warnings"]), kept["warnings"]
 
 
+def test_a_replica_groups_measurements_are_filed_apart_from_a_single_host_of_the_same_layout():
+    workload = {"p99_context": 8192, "peak_concurrency": 8}
+    group = plan_for(hosts_of(A10G_X4, 2), LLAMA_70B, workload, nodes=2)
+    one_host = plan_for(hosts_of(A10G_X4, 2), LLAMA_70B, workload, tensor_parallel_size=4, pipeline_parallel_size=2,
+                        allow_tensor_parallel=False)
+    single, grouped = sz.calibration.calibration_key(one_host), sz.calibration.calibration_key(group)
+    assert "/tp4-pp2-" in single and "-n2-" not in single  # a single host's key is what it always was
+    assert grouped == single.replace("/tp4-pp2-", "/tp4-pp2-n2-")
+    # The group's own measurement applies to its plan, the single host's does not.
+    report = {"model_loading_bytes": 17 << 30, "activation_peak_bytes": 1 << 30, "non_torch_bytes": 1 << 30,
+              "cuda_graph_bytes": 1 << 29, "kv_cache_bytes": 1 << 30, "gpu_memory_utilization": 0.9}
+    measured = plan_for(hosts_of(A10G_X4, 2), LLAMA_70B, workload, nodes=2, strict=False,
+                        measured={"key": grouped, "report": report})
+    assert measured["calibration"]["used"] is True
+    assert "calibration" not in plan_for(hosts_of(A10G_X4, 2), LLAMA_70B, workload, nodes=2, strict=False,
+                                         measured={"key": single, "report": report})
+
+
 def test_a_replica_group_takes_the_layout_it_is_given_and_warns_of_tensor_parallel_across_hosts():
     workload = {"p99_context": 8192, "peak_concurrency": 4}
     across = plan_for(hosts_of(A10G_X4, 2), LLAMA_70B, workload, nodes=2, tensor_parallel_size=8)
