@@ -93,6 +93,13 @@ def available_flags(version):
     return frozenset(FLAGS) - frozenset(VERSIONS[version]["absent_flags"])
 
 
+def multi_node_refusal(version):
+    """Why vLLM `version` cannot run one instance across hosts without Ray, or None when it can (--nnodes)."""
+    if "nnodes" in available_flags(version):
+        return None
+    return "vLLM %s cannot run one instance across hosts without Ray (--nnodes came in 0.11.1)" % version
+
+
 def vllm_serve_args(plan, serve=None):
     """The `vllm serve` / api_server arguments for a plan plus serving options, flags spelled per version."""
     plan = as_dict(plan, "plan")
@@ -219,8 +226,9 @@ def group_member_args(plan, rank, master_addr, master_port):
     if nodes == 1:
         fail("the plan is for one host (plan.gpus.nodes 1): it has no group members")
     version = resolve_version(plan.get("vllm_version"))
-    if "nnodes" not in available_flags(version):
-        fail("vLLM %s cannot run one instance across hosts without Ray (--nnodes came in 0.11.1)" % version)
+    refusal = multi_node_refusal(version)
+    if refusal:
+        fail(refusal)
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < nodes:
         fail("rank must be an integer from 0 to %d (the group has %d hosts, the head first), got %r"
              % (nodes - 1, nodes, rank))

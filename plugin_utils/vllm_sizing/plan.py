@@ -7,7 +7,7 @@ sequences, more tensor parallelism) and says what it applied, what it warns abou
 from . import calibration, inputs
 from .budget import choose_utilization, default_batch, leave_headroom, memory_budget
 from .common import fail, gib
-from .flags import available_flags, parse_serve_options
+from .flags import multi_node_refusal, parse_serve_options
 from .kv import (KV_DTYPE_BYTES, REAL, check_message, checked_kv_dtype, fitting_max_len, kv_capacity,
                  kv_dtype_refusal, kv_layout, request_bytes, startup_check, tp_refusal)
 from .shape import model_shape
@@ -205,9 +205,9 @@ def _group_layout(shape, policy, gpu_count, version, who, warnings):
     (tensor x pipeline), by default tensor parallel inside each host and a pipeline stage per host. A tensor-parallel
     group either stays inside a host or spans whole hosts."""
     nodes = policy["nodes"]
-    if "nnodes" not in available_flags(version):
-        fail("%s: policy.nodes %d: vLLM %s cannot run one instance across hosts without Ray (--nnodes came in "
-             "0.11.1)" % (who, nodes, version))
+    refusal = multi_node_refusal(version)
+    if refusal:
+        fail("%s: policy.nodes %d: %s" % (who, nodes, refusal))
     if gpu_count % nodes:
         fail("%s: policy.nodes %d: the group's %d GPUs are not as many on each host" % (who, nodes, gpu_count))
     per_node = gpu_count // nodes
@@ -438,7 +438,7 @@ def _hosts_hint(ctx, result):
     tensor parallel within each host (the largest size vLLM shards the model over), as many pipeline stages per host
     as the plan has, room left for the cross-host buffers. A group that does not fit is asked with more hosts."""
     shape = ctx["shape"]
-    if "nnodes" not in available_flags(ctx["version"]):
+    if multi_node_refusal(ctx["version"]):
         return ""
     stages = max(1, ctx["pp"] // ctx["nodes"])  # per host
     tp = _tp_candidates(shape, ctx["tp_start"] if ctx["nodes"] == 1 else 1, ctx["gpus_per_node"] // stages, True)[-1]
