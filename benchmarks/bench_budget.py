@@ -18,7 +18,8 @@ import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
+# The filter file, and the collection's Python by its namespace (collections/ links back to this checkout).
+sys.path[:0] = [os.path.join(ROOT, "filter_plugins"), os.path.join(ROOT, "collections")]
 import vllm_sizing as vs  # noqa: E402
 sz = vs.package()  # the package behind the filters, every module loaded
 

@@ -14,7 +14,9 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "filter_plugins"))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The filter file, and the collection's Python by its namespace (collections/ links back to this checkout).
+sys.path[:0] = [os.path.join(_ROOT, "filter_plugins"), os.path.join(_ROOT, "collections")]
 from ansible.errors import AnsibleFilterError  # noqa: E402
 import vllm_sizing as vs  # noqa: E402
 sz = vs.package()  # the package behind the filters, every module loaded

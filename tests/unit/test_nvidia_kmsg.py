@@ -1,4 +1,4 @@
-"""roles/nvidia_gpu/module_utils/nvidia_kmsg.py on real NVIDIA kernel lines (tests/fixtures/nvidia-kmsg, each with
+"""plugins/module_utils/nvidia_kmsg.py on real NVIDIA kernel lines (tests/fixtures/nvidia-kmsg, each with
 its source), and nvidia-gpu-health (roles/nvidia_gpu/files) end to end on a kernel log in /dev/kmsg's format
 written by the stand-in (tests/fixtures/kernel-log), with the nvidia-smi stand-in."""
 import json
@@ -12,9 +12,11 @@ from conftest import load_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "nvidia_gpu"
-sys.path.insert(0, str(ROLE / "module_utils"))
+MODULE_UTILS = ROOT / "plugins" / "module_utils"
+# On a host the program's module_utils sit next to it; here they are the collection's own files.
+sys.path.insert(0, str(MODULE_UTILS))
 
-import nvidia_kmsg as k  # noqa: E402
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils import nvidia_kmsg as k  # noqa: E402
 
 LINES = [line for line in (ROOT / "tests" / "fixtures" / "nvidia-kmsg" / "nvrm-lines.txt").read_text().splitlines()
          if line and not line.startswith("#")]
@@ -161,9 +163,9 @@ def test_an_application_xid_is_counted_and_a_fatal_one_quarantines_the_gpu_and_s
             'cause="Xid 119, reset (RESET_GPU)"} 1') in prom
     assert 'nvidia_gpu_faults_total{gpu="0",fault="Xid 13",class="application"} 1' in prom
     # The unit's ExecCondition refuses to start on it; GPU 0 is fine.
-    # (Its nvidia-smi reader, installed next to it on a host, is this role's module_utils.)
+    # (Its nvidia-smi reader, installed next to it on a host, is the collection's module_utils.)
     helper = ROOT / "roles" / "vllm" / "files" / "vllm-unit-helper"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "roles" / "nvidia_gpu" / "module_utils"))
+    env = dict(os.environ, PYTHONPATH=str(MODULE_UTILS))
     refused = subprocess.run([sys.executable, str(helper), "gpus-healthy", "--state", str(host / "state" / "state.json"),
                               "--gpus", "1"], capture_output=True, text=True, check=False, env=env)
     assert refused.returncode == 1 and "GPU 1 is quarantined (needs a reset: Xid 119" in refused.stderr
@@ -176,7 +178,7 @@ def test_an_application_xid_is_counted_and_a_fatal_one_quarantines_the_gpu_and_s
     # The runbook clears it after the reset; the old lines stay in the log and do not bring it back.
     subprocess.run([sys.executable, str(ROLE / "files" / "nvidia-gpu-health"), "--config", str(host / "config.json"),
                     "clear", "1", "--reason", "reset by the test"], check=True, env=dict(
-                        os.environ, PYTHONPATH=str(ROLE / "module_utils")))
+                        os.environ, PYTHONPATH=str(MODULE_UTILS)))
     again.cycle()
     assert state(host)["quarantine"] == {}
 

@@ -1,15 +1,11 @@
-"""roles/rolling_restart/action_plugins/roll_journal.py: the roll journal's writer. An entry is replaced whole (never
+"""plugins/action/roll_journal.py: the roll journal's writer. An entry is replaced whole (never
 half written), 0600, unchanged when the record is the same; roll_lock's reader reads back what it wrote; forget
 removes it. tests/playbooks/test_roll_lock_playbooks.py runs it through the role's event.yml."""
 import os
-import pathlib
 import stat
 
 import pytest
-from conftest import load_file
-
-PLUGINS = pathlib.Path(__file__).resolve().parents[2] / "roles" / "rolling_restart" / "action_plugins"
-roll_journal, roll_lock = (load_file(PLUGINS / f"{name}.py", name) for name in ("roll_journal", "roll_lock"))
+from ansible_collections.vllm_fleet.fleet.plugins.action import roll_journal, roll_lock
 RECORD = {"host": "gpu-a", "step": "drained", "steps": ["start", "draining", "drained"], "since": 1765000000.5,
           "at": 1765000003.25, "playbook": "Roll the vLLM fleet", "run_dir": "/r",
           "options": {"apply_config": False, "apply_driver": False, "loadtest": False}, "error": ""}

@@ -1,4 +1,4 @@
-"""roles/rolling_restart/action_plugins/roll_lock.py: the roll lock is flock(2) held by a process that lives as long
+"""plugins/action/roll_lock.py: the roll lock is flock(2) held by a process that lives as long
 as the run; a second run is refused naming the first; a run under flock(1) (the scheduled services) sees the lock as
 its own; a run that ends, however it ends, releases it. Real processes and a real lock file."""
 import json
@@ -10,14 +10,11 @@ import threading
 import time
 
 import pytest
-from conftest import load_file
 from ansible.errors import AnsibleActionFail
+from ansible_collections.vllm_fleet.fleet.plugins.action import roll_lock
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PLUGIN = ROOT / "roles" / "rolling_restart" / "action_plugins" / "roll_lock.py"
-
-
-roll_lock = load_file(PLUGIN, "roll_lock")
+PLUGIN = ROOT / "plugins" / "action" / "roll_lock.py"
 
 
 def flock_free(path):

@@ -1,4 +1,4 @@
-"""roles/rolling_restart/action_plugins/roll_report.py: a host's record (the seconds between its steps, vLLM's own
+"""plugins/action/roll_report.py: a host's record (the seconds between its steps, vLLM's own
 start-to-ready, the overhead), the run's report assembled from the records, and the table the roll ends with. The
 fleet scenario reads the same report after real rolls (test_2_fleet.py)."""
 import json
@@ -6,9 +6,8 @@ import os
 import stat
 
 import pytest
-from conftest import ROOT, load_file
+from ansible_collections.vllm_fleet.fleet.plugins.action import roll_report
 
-roll_report = load_file(os.path.join(ROOT, "roles", "rolling_restart", "action_plugins", "roll_report.py"), "roll_report")
 
 
 def events(host, **at):

@@ -1,35 +1,20 @@
 """The diagnosis of the vLLM OOM failures, on lines vLLM and PyTorch really print (tests/fixtures/vllm-logs)."""
 import glob
-import importlib.util
+import importlib
 import os
 import re
-import sys
 
 import pytest
 import yaml
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "vllm-logs")
-sys.path.insert(0, os.path.join(ROOT, "roles", "vllm", "module_utils"))
-import vllm_log  # noqa: E402
-import vllm_metrics  # noqa: E402
-import vllm_systemd  # noqa: E402
-
-# What Ansible resolves the role's `ansible.module_utils.vllm_log` import to.
-sys.modules.setdefault("ansible.module_utils.vllm_log", vllm_log)
-import vllm_diagnosis  # noqa: E402
-
-for _name, _module in (("vllm_diagnosis", vllm_diagnosis), ("vllm_metrics", vllm_metrics),
-                       ("vllm_systemd", vllm_systemd)):
-    sys.modules.setdefault("ansible.module_utils." + _name, _module)
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils import vllm_diagnosis  # noqa: E402
 
 
 def load_module(name):
-    """Import a role module file; its `ansible.module_utils.*` imports resolve to the role's copies."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "roles", "vllm", "library", name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """One of the collection's modules."""
+    return importlib.import_module("ansible_collections.vllm_fleet.fleet.plugins.modules." + name)
 
 
 def log(*names):

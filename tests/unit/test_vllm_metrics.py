@@ -1,11 +1,6 @@
-"""The one reader of the Prometheus text format (roles/vllm/module_utils/vllm_metrics.py), shared by the modules and
+"""The one reader of the Prometheus text format (plugins/module_utils/vllm_metrics.py), shared by the modules and
 the host agents: label values hold "}", "," and escaped quotes (issue 27: metric_labels cut a value at "}")."""
-import os
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "roles", "vllm", "module_utils"))
-import vllm_metrics  # noqa: E402
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils import vllm_metrics
 
 TEXT = "\n".join([
     "# HELP vllm_fleet_runtime_oom_total Runtime OOMs.",

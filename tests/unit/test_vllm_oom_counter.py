@@ -8,8 +8,8 @@ from conftest import ROOT, load_file
 
 ROLE = os.path.join(ROOT, "roles", "vllm")
 LOGS = os.path.join(ROOT, "tests", "fixtures", "vllm-logs")
-# On a host the script imports vllm_diagnosis from its own directory; here from the role's module_utils.
-sys.path.insert(0, os.path.join(ROLE, "module_utils"))
+# On a host the script imports vllm_diagnosis from its own directory; here from the collection's module_utils.
+sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
 counter = load_file(os.path.join(ROLE, "files", "vllm-oom-counter"), "vllm_oom_counter")
 
 

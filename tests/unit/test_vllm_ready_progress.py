@@ -1,12 +1,10 @@
-"""roles/vllm/action_plugins/vllm_ready.py: the wait for a start, a slice at a time, with a line between slices
+"""plugins/action/vllm_ready.py: the wait for a start, a slice at a time, with a line between slices
 saying what it waits for, for how long and the limit; the last slice is the one that fails with the diagnosis. The
 module's waiting itself runs on real vLLM in the fleet scenario (test_2_fleet.py, test_6 prints these lines)."""
-import os
 import types
 
-from conftest import ROOT, load_file
+from ansible_collections.vllm_fleet.fleet.plugins.action import vllm_ready
 
-vllm_ready = load_file(os.path.join(ROOT, "roles", "vllm", "action_plugins", "vllm_ready.py"), "vllm_ready")
 
 
 def waits(monkeypatch, answers, **args):

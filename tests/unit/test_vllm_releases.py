@@ -1,4 +1,4 @@
-"""The release table (plugin_utils/vllm_sizing/releases.json): its rows resolve to the schema, agree with what
+"""The release table (plugins/plugin_utils/vllm_sizing/releases.json): its rows resolve to the schema, agree with what
 tools/vllm_release.py reads in every cached release's source, leave no cached release out, and the tool fails
 with a clear message on a source shape it does not know."""
 import os

@@ -124,8 +124,7 @@ def test_malformed_measurements(measured, message):
 # The load test's feed: tests/fixtures/loadtest/kv-holds-4-of-8.json, a real run whose KV cache held 4 requests of
 # 1024 tokens where the plan said max_num_seqs 8, judged by the load test's own verdict and recorded as
 # tasks/loadtest.yml records it, under the key of the plan it tested.
-sys.path.insert(0, os.path.join(ROOT, "roles", "vllm", "module_utils"))
-import vllm_loadtest  # noqa: E402
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils import vllm_loadtest  # noqa: E402
 
 with open(os.path.join(ROOT, "tests", "fixtures", "loadtest", "kv-holds-4-of-8.json"), encoding="utf-8") as handle:
     KV_HOLDS_4 = json.load(handle)

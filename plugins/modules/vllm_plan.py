@@ -76,7 +76,7 @@ options:
     description:
       - The plans the instances were started with, by instance name (after a start, to plan again with what it
         measured). A new plan that would change an instance's command line or environment is not returned in
-        C(vllm_plans), which keeps the running plan, but in C(vllm_plans_later): it waits for the next apply, which
+        C(vllm_plans), which keeps the running plan, but in C(vllm_plans_later); it waits for the next apply, which
         writes it together with the unit's drop-in, so that the plan file on the host is always what runs.
     type: dict
     default: {}

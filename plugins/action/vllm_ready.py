@@ -37,7 +37,8 @@ class ActionModule(ActionBase):
             left = total - (time.monotonic() - started)
             final = every <= 0 or left <= every
             args.update(timeout=max(int(left + 0.5), 1) if final else every, fail_on_timeout=final)
-            step = self._execute_module(module_name="vllm_ready", module_args=args, task_vars=task_vars)
+            step = self._execute_module(module_name="vllm_fleet.fleet.vllm_ready", module_args=args,
+                                        task_vars=task_vars)
             if step.get("failed") or step.get("ready", True) or final:
                 break
             display.display(progress_line(host, args, time.monotonic() - started, total, step.get("last", ""),

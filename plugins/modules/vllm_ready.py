@@ -84,10 +84,10 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_diagnosis import diagnose
-from ansible.module_utils.vllm_http import http
-from ansible.module_utils.vllm_log import start_phases, startup_report
-from ansible.module_utils.vllm_systemd import parse_show, show_command
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_diagnosis import diagnose
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_http import http
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_log import start_phases, startup_report
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_systemd import parse_show, show_command
 
 
 def unit_state(module, unit):

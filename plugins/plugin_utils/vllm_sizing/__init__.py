@@ -1,6 +1,6 @@
 # Copyright: contributors to vllm-fleet
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The vllm_sizing filters' implementation, one concern per module (loaded by filter_plugins/vllm_sizing.py):
+"""The vllm_sizing filters' implementation, one concern per module (the filters are filter_plugins/vllm_sizing.py):
 
 - shape: the model from config.json; weights: its tensors and their bytes per GPU;
 - versions: what changes between vLLM releases; kv: the KV arithmetic on top of both;

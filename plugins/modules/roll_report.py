@@ -8,11 +8,11 @@ DOCUMENTATION = r"""
 module: roll_report
 short_description: Record one host's roll in the run's directory, or assemble the run's report and its table
 description:
-  - Without O(assemble), writes C(<run_dir>/hosts/<host>.json), the host's record: outcome, error, the seconds
+  - Without O(assemble), writes C(<run_dir>/hosts/<host>.json), the host's record (outcome, error, the seconds
     between its steps (drain, stop, start to ready, enable, total), vLLM's own start-to-ready (the slowest
     instance's, from systemd) and the overhead (total minus vLLM's own start-to-ready), the journal's record of an
     earlier roll this run resumed, what the prefetch of the model's files read, each instance's start phases and
-    its events.
+    its events).
   - With O(assemble=true), reads every record in C(<run_dir>/hosts), writes C(<run_dir>/report.json) (run_id,
     outcome, hosts by name, every event in time order) and returns the per-host table an operator reads at the end
     of the roll, also written to C(<run_dir>/table.txt). The roll assembles once, after its last batch or the

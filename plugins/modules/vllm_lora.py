@@ -38,7 +38,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_http import http
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_http import http
 
 
 def loaded_adapters(module, base, api_key):

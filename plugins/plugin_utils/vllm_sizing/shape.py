@@ -11,8 +11,9 @@ import os
 from .common import as_bool, as_dict, as_int, as_number, fail
 from .weights import checkpoint_bytes, module_tensors, parse_quantization
 
-CATALOG_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                            "filter_plugins", "vllm_models.json")
+# The catalog sits with the filters' documentation (plugins/filter is filter_plugins/).
+CATALOG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "filter",
+                            "vllm_models.json")
 
 # Serving options (policy.serve_options) that change what the plan must budget; the rest pass through unread.
 #   dtype: float32 stores 4 bytes per weight and per KV element; kv_cache_memory_bytes pins the KV size per GPU;

@@ -19,7 +19,7 @@ description:
   - nvidia-smi does not quote its CSV output. A name that contains C(, ) is still read correctly because every
     other column has a fixed shape.
   - With O(declared), nvidia-smi is not run at all and the given GPUs are validated and returned instead, on the
-    controller (the role's action plugin of the same name): a fleet is planned without touching its hosts.
+    controller (the action plugin of the same name), so a fleet is planned without touching its hosts.
   - With O(expected_count), a host with another number of GPUs fails the task (a GPU fell off the bus).
   - Never changes anything on the host.
 version_added: "1.0.0"
@@ -175,7 +175,8 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_smi import NvidiaSmiParseError, data_lines, is_unavailable, split_row
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.nvidia_smi import (
+    NvidiaSmiParseError, data_lines, is_unavailable, split_row)
 
 # Column order is part of the interface: the parsers below rely on it.
 GPU_QUERY_FIELDS = (

@@ -19,7 +19,7 @@ description:
     (C(qcur)), whatever their health. A server already in MAINT is left in MAINT.
   - C(state=ready) + C(wait) waits until HAProxy reports each server C(UP) (health checks passed).
   - C(state=limit) sets each server's maxconn to O(maxconn) (C(set maxconn server)); with C(wait), until every
-    server reports it (a vllm-watchdog agent sets it again at every check: it must say the same).
+    server reports it (a vllm-watchdog agent sets it again at every check, so it must say the same).
   - After a change, runs O(save_state) so that the server-state file (read by HAProxy at reload/start) is current.
   - Check mode reports what would change.
 options:

@@ -52,9 +52,9 @@ unit: {description: "ActiveState, Result and NRestarts of the unit", type: dict,
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.vllm_diagnosis import diagnose
-from ansible.module_utils.vllm_metrics import ACTIVE, PRESSURE, parse_metrics
-from ansible.module_utils.vllm_systemd import parse_show, show_command
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_diagnosis import diagnose
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_metrics import ACTIVE, PRESSURE, parse_metrics
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_systemd import parse_show, show_command
 
 
 def pressure_finding(metrics):

@@ -13,12 +13,12 @@ description:
   - The lock is C(flock(2)) on O(path), the lock C(flock(1)) takes in the controller's scheduled services
     (roles/roll_schedule). A small process holds it for as long as the ansible-playbook process lives; the run
     ending, failing or being killed releases it. Nothing to clean up, ever.
-  - A run started under C(flock <path> ansible-playbook ...) (the scheduled services) already holds it: the action
+  - A run started under C(flock <path> ansible-playbook ...) (the scheduled services) already holds it; the action
     sees its own ancestor among the holders (C(/proc/locks)) and goes on.
   - When another process holds it, fails naming it (its PID and command line, and the run it recorded in the file),
     before anything is changed.
   - Runs on the controller only; check mode takes the lock too (a check run must not overlap a roll either).
-  - Never reports a change: the lock is no change to the fleet.
+  - Never reports a change (the lock is no change to the fleet).
 options:
   path:
     description: The lock file (its directory must exist). Every playbook run on a controller must use the same.
@@ -53,7 +53,7 @@ held_by:
   returned: success
   type: str
 journal:
-  description: The records of O(journal) (one C(<host>.json) per host a roll left unfinished: killed or stopped
+  description: The records of O(journal) (one C(<host>.json) per host a roll left unfinished, killed or stopped
     there), each with C(journal_file), its path; empty when there are none.
   returned: success
   type: list
