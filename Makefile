@@ -1,5 +1,5 @@
 # Two entry points: `make demo` (the main job on a local test fleet) and `make test` (every test).
-# `make check` is the fast inner loop: lint + unit tests. Each target installs what it needs.
+# `make check` is the fast inner loop: lint, ansible-test sanity, unit tests. Each target installs what it needs.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 VENV := .venv
@@ -18,14 +18,14 @@ AFTER_ORACLE := balancer
 ALONE := fleet
 SCENARIOS := $(BESIDE_ORACLE) $(AFTER_ORACLE) $(ALONE)
 
-.PHONY: help venv host image wheelhouse controller-vllm oracle-vllm vllm-source models controller-check fleet-deps prometheus-tools lint unit check oracle molecule \
+.PHONY: help venv host image wheelhouse controller-vllm oracle-vllm vllm-source models controller-check fleet-deps prometheus-tools lint unit sanity check oracle molecule \
 	scenarios-beside-oracle oracle-lane scenarios-alone \
 	test demo bench probe-multinode clean
 
 help:
 	@echo "make demo   deploy to a local test fleet and show the result"
 	@echo "make test   every test: lint, unit, oracle (real vLLM), Molecule scenarios ($(SCENARIOS))"
-	@echo "make check  fast loop: lint + unit tests"
+	@echo "make check  fast loop: lint, ansible-test sanity, unit tests"
 	@echo "make bench  benchmarks (figures, not pass/fail)"
 	@echo "make probe-multinode  does vLLM's CPU build run one instance across two hosts (docs/multi-node.md)"
 
@@ -75,7 +75,25 @@ lint: venv
 	$(BIN)/ansible-playbook --syntax-check -i inventory.example $(PLAYBOOKS)
 unit: venv prometheus-tools vllm-source
 	$(BIN)/pytest tests/unit tests/playbooks -q
-check: lint unit
+check: lint unit sanity
+
+# ansible-test sanity on the collection as it ships (ansible-galaxy collection build: galaxy.yml's build_ignore leaves
+# out the tests, benchmarks and Molecule), unpacked under ansible_collections/ outside this git checkout (inside it
+# ansible-test lists the files git tracks there: none). Each test's requirements go into a virtual environment of
+# ansible-test's, bootstrapped with pip's wheel from PyPI (scripts/ansible-test-get-pip.py: ansible-test's own
+# bootstrap script is not reachable from the build hosts).
+ANSIBLE_TEST_PIP := 24.2
+ANSIBLE_TEST_CACHE := $(HOME)/.ansible/test/cache
+sanity: venv
+	rm -rf .build/collection && mkdir -p .build/collection $(ANSIBLE_TEST_CACHE)
+	$(BIN)/ansible-galaxy collection build --output-path .build/collection >/dev/null
+	test -f $(ANSIBLE_TEST_CACHE)/pip-$(ANSIBLE_TEST_PIP)-py3-none-any.whl || \
+	  $(BIN)/pip download -q --no-deps -d $(ANSIBLE_TEST_CACHE) pip==$(ANSIBLE_TEST_PIP)
+	cp scripts/ansible-test-get-pip.py $(ANSIBLE_TEST_CACHE)/get_pip_$(subst .,_,$(ANSIBLE_TEST_PIP)).py
+	root=$$(mktemp -d) && trap 'rm -rf "$$root"' EXIT && dir=$$root/ansible_collections/vllm_fleet/fleet && \
+	  mkdir -p $$dir && tar -xzf .build/collection/vllm_fleet-fleet-*.tar.gz -C $$dir && cd $$dir && \
+	  $(CURDIR)/$(BIN)/ansible-test sanity --venv --python 3.11 --color no \
+	    --test validate-modules --test pylint --test pep8
 
 oracle: venv controller-check oracle-vllm
 	$(BIN)/pytest tests/oracle -q -m oracle

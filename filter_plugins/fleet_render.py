@@ -198,7 +198,7 @@ def _problem(name, value, kind):
         if text.startswith("-"):
             return "%s %r starts with '-', which a command line would read as an option" % (name, text)
         return None
-    renderer, _, sub = kind.partition("_")
+    renderer, _sep, sub = kind.partition("_")
     if sub in RENDERED.get(renderer, {}):
         pattern, what = RENDERED[renderer][sub]
     elif kind in RULES:

@@ -184,7 +184,7 @@ def summarize(run: Run) -> dict:
     per_second = Counter()
     for r in recs:
         per_second[(int(r["end"] - run.started), r["ok"])] += 1
-    seconds = sorted({s for s, _ in per_second})
+    seconds = sorted({s for s, _count in per_second})
     return {
         "url": urllib.parse.urlunsplit(run.target),
         "started": run.started,

@@ -89,7 +89,7 @@ def render(requests, host_events, out: str, title: str = "") -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    times = [t for t, _, _ in requests] + [e["time"] for e in host_events]
+    times = [t for t, _ok, _streaming in requests] + [e["time"] for e in host_events]
     if not times:
         raise ValueError("nothing to draw: no request and no host event")
     t0, t_end = min(times), max(times)

@@ -119,7 +119,7 @@ def facts(versions):
             results = pool.map(_compute, [(v, digest) for v in todo])
     else:
         results = [_compute((v, digest)) for v in todo]
-    errors = [row for _, row in results if isinstance(row, str)]
+    errors = [row for _release, row in results if isinstance(row, str)]
     if errors:
         raise vllm_source.ShapeError("\n".join(errors))
     out.update(results)

@@ -341,7 +341,7 @@ class ConfigIndex:
         """Field -> annotation, base classes' first (dataclass order); None: unknown class."""
         if cls not in self.classes:
             return None
-        bases, fields, _ = self.classes[cls]
+        bases, fields, _node = self.classes[cls]
         out = {}
         for base in bases:
             out.update(self.fields(base) or {})
@@ -976,7 +976,9 @@ def sw_block(release):
                                                            skip_page_size_padded=shared),
                         model_config=Strict("model_config", use_mla=False))
         spec = run(release, rel, where, method, layer, config)
-        if type(spec) is not Spec or not isinstance(getattr(spec, "block_size", None), int):
+        # Exactly SlidingWindowSpec: FullAttentionSpec, a subclass of it here, is the wrong answer.
+        exact = type(spec) is Spec  # pylint: disable=unidiomatic-typecheck
+        if not exact or not isinstance(getattr(spec, "block_size", None), int):
             release.fail(rel, where, "a SlidingWindowSpec with an int block_size for a sliding-window layer, got %r"
                          % (spec,))
         got.append(spec.block_size)
@@ -1022,10 +1024,10 @@ def async_scheduling(release):
         branches.append((node.test, _assigned_async(release, node.body)))
         node = node.orelse[0] if len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If) else node.orelse
     if not branches or _assigned_async(release, node or []) is not True or \
-            any(value is not False for _, value in branches):
+            any(value is not False for _test, value in branches):
         release.fail(rel, "VllmConfig.__post_init__", "an if/elif chain setting async_scheduling False, ending in "
                      "an else setting it True")
-    off = {_pp_rule(release, rel, test) for test, _ in branches} - {None}
+    off = {_pp_rule(release, rel, test) for test, _value in branches} - {None}
     if len(off) > 1:
         release.fail(rel, "VllmConfig.__post_init__", "one pipeline-parallel condition, got %s" % sorted(off))
     return {"default": True, "off_with_pp": off.pop() if off else "never"}
@@ -1374,10 +1376,11 @@ def backend_class(release, path, stubs):
     """A Python class standing for the backend: its chain's BACKEND_MEMBERS, compiled from the source in stubs."""
     made = object
     for rel, node in reversed(class_chain(release, path)):
-        members = [st for st in node.body if (isinstance(st, ast.FunctionDef) and (
-            st.name in BACKEND_MEMBERS or st.name.startswith("_get_"))) or
-                   (isinstance(st, (ast.Assign, ast.AnnAssign)) and
-                    unparse(st.targets[0] if isinstance(st, ast.Assign) else st.target) in BACKEND_MEMBERS)]
+        members = [st for st in node.body
+                   if (isinstance(st, ast.FunctionDef)
+                       and (st.name in BACKEND_MEMBERS or st.name.startswith("_get_")))
+                   or (isinstance(st, (ast.Assign, ast.AnnAssign))
+                       and unparse(st.targets[0] if isinstance(st, ast.Assign) else st.target) in BACKEND_MEMBERS)]
         copy = ast.ClassDef(name=node.name, bases=[ast.Name("_Base", ast.Load())], keywords=[],
                             body=members or [ast.Pass()], decorator_list=[], type_params=[])
         helpers = _source_helpers(release, rel, stubs)
@@ -1459,7 +1462,7 @@ def kernel_sizes(release, cls, path):
 
 def _legacy_sizes(release, path):
     module, name = path.rsplit(".", 1)
-    for _, node in class_chain(release, path):
+    for _name, node in class_chain(release, path):
         shape = next((st for st in node.body if isinstance(st, ast.FunctionDef) and st.name == "get_kv_cache_shape"),
                      None)
         if shape is None:
@@ -1567,7 +1570,7 @@ def _prefix_mapping(release, cls, where, kv_dtypes):
         release.fail(map_rel, map_name, "the function that maps the KV dtypes %s accepts by the prefix test `%s` "
                      "(PREFIX_MAPPINGS)" % (qualname, unparse(test)))
     short = map_name.rsplit(".", 1)[-1]
-    if not any(isinstance(n, ast.Call) and unparse(n.func).split(".")[-1] == short
+    if not any(isinstance(n, ast.Call) and unparse(n.func).rsplit(".", maxsplit=1)[-1] == short
                for n in ast.walk(release.tree(rel))):
         release.fail(rel, cls_name, "a call of %s (PREFIX_MAPPINGS) on the KV dtype" % map_name)
     mapped = _mapped_names(release, map_rel, map_name, kv_dtypes)

@@ -58,7 +58,7 @@ def normalize_declared(declared):
             mig = MIG_MODES.get(str(mig).lower())
             if mig is None:
                 raise ValueError("%s: mig_mode must be Enabled, Disabled or null, got %r" % (where, item["mig_mode"]))
-        for _ in range(count):
+        for _copy in range(count):
             gpus.append(
                 {
                     "index": _declared_int(item.get("index", len(gpus)), where, "index", nullable=False),
@@ -109,7 +109,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         if args["declared"]:
             try:
                 gpus = normalize_declared(args["declared"])

@@ -22,6 +22,7 @@ from ansible.plugins.action import ActionBase
 # The argument that makes this file the holder process (its command line names it in `ps`).
 HOLD = "--hold-roll-lock"
 
+
 def _cmdline(pid):
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as handle:

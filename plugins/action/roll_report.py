@@ -84,20 +84,21 @@ def table(report):
         return "-" if value is None else "%.1fs" % value
 
     width = max([4] + [len(host) for host in report["hosts"]])
-    lines = ["%-*s %-7s " % (width, "host", "outcome") + " ".join("%12s" % heading for heading, _ in COLUMNS)]
+    lines = ["%-*s %-7s " % (width, "host", "outcome") + " ".join("%12s" % heading for heading, _key in COLUMNS)]
     for host, record in sorted(report["hosts"].items()):
         lines.append("%-*s %-7s " % (width, host, record["outcome"])
-                     + " ".join("%12s" % cell(record[key]) for _, key in COLUMNS))
+                     + " ".join("%12s" % cell(record[key]) for _heading, key in COLUMNS))
     times = [float(e["time"]) for e in report["events"]]
     lines.append("%d host(s), outcome %s, %.1f s from the first host's start to the last step"
                  % (len(report["hosts"]), report["outcome"], (max(times) - min(times)) if times else 0.0))
     starts = [("%s/%s" % (host, instance), phases) for host, record in sorted(report["hosts"].items())
               for instance, phases in sorted(record.get("start_phases", {}).items())]
     if starts:
-        width = max(len(name) for name, _ in starts)
+        width = max(len(name) for name, _phases in starts)
         lines.append("vLLM's start (seconds, from its log; other: imports, processes, the API server):")
-        lines.append("%-*s " % (width, "instance") + " ".join("%11s" % heading for heading, _ in PHASE_COLUMNS))
-        lines.extend("%-*s " % (width, name) + " ".join("%11s" % cell(phases.get(key)) for _, key in PHASE_COLUMNS)
+        lines.append("%-*s " % (width, "instance") + " ".join("%11s" % heading for heading, _key in PHASE_COLUMNS))
+        lines.extend("%-*s " % (width, name)
+                     + " ".join("%11s" % cell(phases.get(key)) for _heading, key in PHASE_COLUMNS)
                      for name, phases in starts)
     return lines
 
@@ -134,7 +135,7 @@ class ActionModule(ActionBase):
                                     % (host, args.get("outcome")))
         events, start_to_ready = args.get("events"), args.get("start_to_ready") or []
         if not isinstance(events, list) or not all(isinstance(e, dict) and {"time", "state"} <= set(e)
-                                                    for e in events):
+                                                   for e in events):
             raise AnsibleActionFail("roll_report: %s: events must be a list of {time, host, state}" % host)
         phases = args.get("phases") or {}
         if not isinstance(phases, dict) or not all(isinstance(p, dict) for p in phases.values()):

@@ -4,9 +4,10 @@
 
 playbooks/plan.yml planned each host with the per-host path (nvidia_gpu's facts, then vllm's plan, each behind its
 argument check): four tasks a host, each costing Ansible about its floor of one task a host, so 200 declared hosts
-took 7.7 times that floor (2026-12-07). Here each host goes through the same path in one task: its variables as Ansible gives them to those tasks (the variable manager, with the two roles'
-defaults), the same argument checks (the roles' meta/argument_specs.yml) and the same actions with the same
-arguments (the task files' own, templated for the host). Only hosts that must be contacted (no declared GPUs, or a
+took 7.7 times that floor (2026-12-07). Here each host goes through the same path in one task: its variables as
+Ansible gives them to those tasks (the variable manager, with the two roles' defaults), the same argument checks
+(the roles' meta/argument_specs.yml) and the same actions with the same arguments (the task files' own, templated
+for the host). Only hosts that must be contacted (no declared GPUs, or a
 model directory to read config.json from) are left to the per-host path.
 """
 from __future__ import annotations
@@ -162,7 +163,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         play = self._task.get_play()
         manager = self._task.get_variable_manager()
         facts, plan = (self._step(play, *step) for step in STEPS)

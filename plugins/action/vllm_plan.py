@@ -105,7 +105,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        _, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        _validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         host = task_vars["inventory_hostname"]
         message = clash_message(host, args["serve_options"], args["serve_options_owned"])
         if message:

@@ -58,7 +58,6 @@ def data_lines(text, fields):
             yield stripped
 
 
-
 BUS_QUERY_FIELDS = ("index", "pci.bus_id", "uuid")
 REMAP_QUERY_FIELDS = ("gpu_bus_id", "remapped_rows.pending", "remapped_rows.failure")
 _YES_NO = {"yes": True, "no": False}

@@ -156,10 +156,10 @@ def verdict(stages, oom_failures, plan_args, p99_context, peak_concurrency, boun
                        "keep the peak with more KV cache: vllm_policy.allow_fp8_kv_cache, more GPUs for the "
                        "instance, or a shorter vllm_workload.p99_context." % (max(held, 1), max(held, 1))})
             break
-    peak_stage = next((s for s in stages if s["concurrency"] >= (peak_concurrency or 0)), stages[-1] if stages
-                      else None)
-    checks = (("ttft_p99_ms", "p99_ttft_ms", "time to first token"), ("itl_p99_ms", "p99_itl_ms",
-                                                                       "inter-token latency"))
+    peak_stage = next((s for s in stages if s["concurrency"] >= (peak_concurrency or 0)),
+                      stages[-1] if stages else None)
+    checks = (("ttft_p99_ms", "p99_ttft_ms", "time to first token"),
+              ("itl_p99_ms", "p99_itl_ms", "inter-token latency"))
     for bound_key, key, name in checks:
         bound = bounds.get(bound_key)
         if peak_stage and bound and peak_stage.get(key) is not None and peak_stage[key] > bound:
@@ -167,7 +167,7 @@ def verdict(stages, oom_failures, plan_args, p99_context, peak_concurrency, boun
                 "limit": bound_key, "stage": peak_stage["concurrency"], "measured": round(peak_stage[key], 1),
                 "bound": bound,
                 "message": "p99 %s %.0f ms above %.0f ms %s" % (name, peak_stage[key], bound,
-                                                               _stage_text(peak_stage)),
+                                                                _stage_text(peak_stage)),
                 "fix": "Serve the peak with fewer sequences per instance (more instances or GPUs, or a lower "
                        "vllm_workload.peak_concurrency per host), a smaller vllm_policy.max_num_batched_tokens "
                        "(shorter prefill stalls), or raise vllm_loadtest_%s if the bound is too tight." % bound_key})

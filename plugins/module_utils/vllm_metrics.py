@@ -10,6 +10,7 @@ v1/metrics/loggers.py (0.32.0, 0.34.0).
 """
 from __future__ import annotations
 
+import math
 import re
 
 # Requests the engine holds: scheduled (running) and queued (waiting).
@@ -58,7 +59,7 @@ def samples(text):
             number = float(value.group(1))
         except ValueError:
             continue
-        if number == number:  # not NaN
+        if not math.isnan(number):
             yield name.group(0), labels, number
 
 

@@ -1,5 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Read and set the admin state of HAProxy servers through the admin socket, and wait for a condition."""
 from __future__ import annotations
 
@@ -51,12 +53,12 @@ options:
     type: list
     elements: str
     default: []
-author: vllm-fleet
+author: vllm-fleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Drain, wait until no session is left
-  haproxy_servers:
+  vllm_fleet.fleet.haproxy_servers:
     backend: vllm
     servers: [gpu-01-main]
     state: drain
@@ -64,7 +66,7 @@ EXAMPLES = r"""
   delegate_to: lb-01
 
 - name: Servers of every backend, with state and sessions
-  haproxy_servers:
+  vllm_fleet.fleet.haproxy_servers:
   register: lb
   delegate_to: lb-01
 """
@@ -85,7 +87,7 @@ servers:
     qcur: {description: Queued requests., type: int}
     slim: {description: "The server's maxconn (0: none).", type: int}
     smax: {description: The most sessions it had at once (since HAProxy started or its counters were cleared)., type: int}
-    check_status: {description: Last health check result (e.g. L7OK, L4CON)., type: str}
+    check_status: {description: "Last health check result (e.g. L7OK, L4CON).", type: str}
     addr: {description: "address:port.", type: str}
 backends:
   description: With O(state=query), each backend's queue and refusals.
@@ -159,7 +161,7 @@ def backends(path, backend):
     rows = parse_stat(command(path, "show stat"), "BACKEND")
     return [{"backend": name, "qcur": to_int(row.get("qcur")), "qmax": to_int(row.get("qmax")),
              "hrsp_5xx": to_int(row.get("hrsp_5xx"))}
-            for (name, _), row in sorted(rows.items()) if backend is None or name == backend]
+            for (name, _server), row in sorted(rows.items()) if backend is None or name == backend]
 
 
 def parse_servers_state(text):

@@ -1,5 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # MIT License (see the project's LICENSE)
 
 from __future__ import absolute_import, division, print_function
@@ -24,7 +26,7 @@ description:
   - Never changes anything on the host.
 version_added: "1.0.0"
 author:
-  - vllm-fleet maintainers
+  - vllm-fleet maintainers (!UNKNOWN)
 options:
   nvidia_smi_path:
     description:
@@ -53,13 +55,18 @@ options:
     default: 0
 attributes:
   action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on
+      the controller.
     support: full
     details: The action plugin handles O(declared) and O(expected_count) on the controller.
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   facts:
+    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
 notes:
   - Set a task-level C(timeout) if a wedged GPU may make nvidia-smi hang.
@@ -67,15 +74,15 @@ notes:
 
 EXAMPLES = r"""
 - name: Read the GPUs of the host, which must have 8
-  nvidia_gpu_facts:
+  vllm_fleet.fleet.nvidia_gpu_facts:
     expected_count: 8
 
 - name: Use a stand-in nvidia-smi on a test host without a GPU
-  nvidia_gpu_facts:
+  vllm_fleet.fleet.nvidia_gpu_facts:
     nvidia_smi_path: /usr/local/bin/nvidia-smi
 
 - name: Plan from the controller with GPUs declared in the inventory
-  nvidia_gpu_facts:
+  vllm_fleet.fleet.nvidia_gpu_facts:
     declared:
       - name: NVIDIA H100 80GB HBM3
         memory_total_mib: 81559
@@ -365,9 +372,16 @@ def main():
         argument_spec=dict(
             nvidia_smi_path=dict(type="str", default="nvidia-smi"),
             query_processes=dict(type="bool", default=True),
+            declared=dict(type="list", elements="dict", default=[]),
+            expected_count=dict(type="int", default=0),
         ),
         supports_check_mode=True,
     )
+    # The action plugin of the same name handles these on the controller and never passes them on: declared GPUs
+    # must not reach a host, where nvidia-smi would be queried instead.
+    if module.params["declared"] or module.params["expected_count"]:
+        module.fail_json(msg="declared and expected_count are read on the controller by the action of the same name "
+                             "(vllm_fleet.fleet.nvidia_gpu_facts); this module ran without it")
 
     name = module.params["nvidia_smi_path"]
     nvidia_smi = resolve_nvidia_smi(module, name)

@@ -10,7 +10,8 @@ short_description: Record on the controller where a host out of rotation is in i
 description:
   - The roll journal holds one C(<host>.json) per host that a roll (or the watchdog's restart) took out of
     rotation, rewritten at every step until the host is back in every balancer, then removed. A roll killed at any
-    step leaves the entry; the next roll reads it under the roll lock (M(roll_lock)) and brings the host back first.
+    step leaves the entry; the next roll reads it under the roll lock (M(vllm_fleet.fleet.roll_lock)) and brings
+    the host back first.
   - Runs on the controller, in the run's own process (no module is sent anywhere), whatever host the task is for.
   - Writes atomically (a temporary file renamed over the entry), mode 0600, in O(dir) (created 0700 if missing).
   - Check mode writes nothing (nothing was drained).
@@ -31,18 +32,18 @@ options:
     type: str
     choices: [present, absent]
     default: present
-author: vllm-fleet
+author: vllm-fleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Record that this host is drained
-  roll_journal:
+  vllm_fleet.fleet.roll_journal:
     dir: "{{ rolling_restart_journal_dir }}"
     host: "{{ inventory_hostname }}"
     record: {host: "{{ inventory_hostname }}", step: drained, at: "{{ now().timestamp() }}"}
 
 - name: Forget it, it is back in every balancer
-  roll_journal:
+  vllm_fleet.fleet.roll_journal:
     dir: "{{ rolling_restart_journal_dir }}"
     host: "{{ inventory_hostname }}"
     state: absent

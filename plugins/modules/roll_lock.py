@@ -36,12 +36,12 @@ options:
   journal:
     description: The roll journal's directory, read once the lock is held (see RV(journal)).
     type: path
-author: vllm-fleet
+author: vllm-fleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Take the roll lock for this run
-  roll_lock:
+  vllm_fleet.fleet.roll_lock:
     path: /run/lock/vllm-fleet-roll.lock
     what: "playbooks/rolling_restart.yml by {{ lookup('ansible.builtin.env', 'USER') }}"
   run_once: true

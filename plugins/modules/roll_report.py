@@ -56,17 +56,17 @@ options:
       skipped_bytes, seconds; the vllm role's tasks/prefetch.yml).
     type: dict
   phases:
-    description: Each instance's start phases, instance name to the vllm_ready module's RV(phases) (weights_s,
-      engine_init_s, profile_s, compile_s, graphs_s, other_s, first_completion_s); the table shows them per
-      instance.
+    description: Each instance's start phases, instance name to the RV(vllm_fleet.fleet.vllm_ready#module:phases)
+      of M(vllm_fleet.fleet.vllm_ready) (weights_s, engine_init_s, profile_s, compile_s, graphs_s, other_s,
+      first_completion_s); the table shows them per instance.
     type: dict
     default: {}
-author: vllm-fleet
+author: vllm-fleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Write this host's record of the run
-  roll_report:
+  vllm_fleet.fleet.roll_report:
     run_dir: "{{ rolling_restart_run_dir }}"
     host: "{{ inventory_hostname }}"
     outcome: ok
@@ -74,7 +74,7 @@ EXAMPLES = r"""
     start_to_ready: [31.9]
 
 - name: Assemble the run's report
-  roll_report:
+  vllm_fleet.fleet.roll_report:
     run_dir: "{{ rolling_restart_run_dir }}"
     assemble: true
   run_once: true

@@ -1,5 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Say which of the three "vLLM CUDA OOM" failures an instance shows, from its journal, unit state and metrics."""
 from __future__ import annotations
 
@@ -22,12 +24,12 @@ options:
   unit: {description: systemd unit name, type: str, required: true}
   port: {description: HTTP port of the instance, type: int, required: true}
   since: {description: journalctl --since value, type: str, default: "-24h"}
-author: vllm-fleet
+author: vllm-fleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Diagnose
-  vllm_diagnose:
+  vllm_fleet.fleet.vllm_diagnose:
     unit: vllm@main.service
     port: 8000
 """

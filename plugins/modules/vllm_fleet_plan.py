@@ -27,15 +27,17 @@ options:
     required: true
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   facts:
+    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
-author: vllm-fleet
+author: vllm-fleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Plan the declared hosts of the play
-  vllm_fleet_plan:
+  vllm_fleet.fleet.vllm_fleet_plan:
     hosts: "{{ ansible_play_hosts_all }}"
   run_once: true
   delegate_to: localhost

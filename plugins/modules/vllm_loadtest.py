@@ -1,5 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Load-test one vLLM instance on its own host, at its plan's limits, with vLLM's benchmark client."""
 from __future__ import annotations
 
@@ -51,12 +53,12 @@ options:
     description: C(ttft_p99_ms), C(itl_p99_ms), C(max_kv_cache_usage) (0 means no bound).
     type: dict
     default: {}
-author: vllm-fleet
+author: vllm-fleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Load-test instance main
-  vllm_loadtest:
+  vllm_fleet.fleet.vllm_loadtest:
     unit: vllm@main.service
     port: 8000
     python: /opt/vllm/venv/bin/python
@@ -70,7 +72,7 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-stages: {description: one summary per concurrency level (counts, latency percentiles in ms, metric peaks),
+stages: {description: "one summary per concurrency level (counts, latency percentiles in ms, metric peaks)",
          type: list, elements: dict, returned: always}
 samples: {description: "every /metrics read: t (s since start), stage, kv, running, waiting, preemptions",
           type: list, elements: dict, returned: always}
@@ -79,7 +81,7 @@ oom_failures: {description: kinds of the OOM and engine-death failures the journ
 plan: {description: the engine_args tested, type: dict, returned: always}
 verdict: {description: "passed, held_concurrency and broken limits (limit, stage, measured, bound, message, fix)",
           type: dict, returned: always}
-started: {description: start of the test, UTC ISO 8601, type: str, returned: always}
+started: {description: "start of the test, UTC ISO 8601", type: str, returned: always}
 p99_context: {description: the context tested (prompt plus output tokens), type: int, returned: always}
 input_len: {description: prompt tokens of every request, type: int, returned: always}
 kv_cache_blocks: {description: KV cache blocks vLLM allocated (vllm:cache_config_info), type: int, returned: always}
@@ -94,9 +96,8 @@ import datetime
 import json
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -130,41 +131,47 @@ def cache_config(port):
         return None, None
 
 
-def run_stage(p, concurrency, workdir, start):
+def run_stage(module, p, concurrency, workdir, start):
     """Run the client for one stage while reading /metrics; (result JSON or None, samples, timed out, output)."""
     name = "stage-%d.json" % concurrency
-    argv = bench_command(p["python"], p["port"], p["model"], p["served_model_name"], concurrency, concurrency * p["requests_per_stage"],
-                         p["input_len"], p["output_len"], workdir, name)
-    env = dict(os.environ, OPENAI_API_KEY=p["api_key"], HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    # timeout(1) ends the client (and what it started: its own process group) at the stage's limit, exit status 124.
+    argv = ["timeout", "--kill-after=10", str(p["stage_timeout"])] + bench_command(
+        p["python"], p["port"], p["model"], p["served_model_name"], concurrency, concurrency * p["requests_per_stage"],
+        p["input_len"], p["output_len"], workdir, name)
+    env = {"OPENAI_API_KEY": p["api_key"], "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     if p["hf_home"]:
         env["HF_HOME"] = p["hf_home"]
     samples = []
-    with open(os.path.join(workdir, name + ".log"), "w+") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir,
-                                start_new_session=True)
-        deadline = time.monotonic() + p["stage_timeout"]
-        timed_out = False
+    done = threading.Event()
+
+    def sample():
+        """/metrics every sample_interval while the client runs, and once more after it ended."""
         while True:
-            sample = read_metrics(p["port"])
-            if sample:
-                sample.update(t=round(time.time() - start, 2), stage=concurrency)
-                samples.append(sample)
-            if proc.poll() is not None:
-                break
-            if time.monotonic() > deadline:
-                timed_out = True
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                break
-            time.sleep(p["sample_interval"])
-        log.seek(0)
-        output = log.read()
+            finished = done.is_set()
+            found = read_metrics(p["port"])
+            if found:
+                found.update(t=round(time.time() - start, 2), stage=concurrency)
+                samples.append(found)
+            if finished:
+                return
+            done.wait(p["sample_interval"])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        rc, out, err = module.run_command(argv, cwd=workdir, environ_update=env)
+    finally:
+        done.set()
+        sampler.join()
+    output = out + err
+    with open(os.path.join(workdir, name + ".log"), "w") as log:
+        log.write(output)
     try:
         with open(os.path.join(workdir, name)) as handle:
             result = json.load(handle)
     except (OSError, ValueError):
         result = None
-    return result, samples, timed_out, output
+    return result, samples, rc == 124, output
 
 
 def main():
@@ -202,7 +209,7 @@ def main():
     stages, samples = [], []
     try:
         for concurrency in levels:
-            result, stage_samples, timed_out, output = run_stage(p, concurrency, workdir, start)
+            result, stage_samples, timed_out, output = run_stage(module, p, concurrency, workdir, start)
             if result is None and not timed_out:
                 module.fail_json(msg="%s: vLLM's benchmark client produced no result at concurrency %d; its last "
                                      "lines: %s" % (p["unit"], concurrency, output.strip().splitlines()[-5:]),
@@ -220,7 +227,8 @@ def main():
     found = verdict(stages, oom, plan_args, context, p["peak_concurrency"], bounds, capacity)
     module.exit_json(changed=False, started=started.strftime("%Y-%m-%dT%H:%M:%SZ"), stages=stages, samples=samples,
                      oom_failures=oom, plan=plan_args, verdict=found, p99_context=context,
-                     kv_cache_blocks=blocks, block_size=block_size, kv_capacity=capacity, input_len=p["input_len"], output_len=p["output_len"], peak_concurrency=p["peak_concurrency"])
+                     kv_cache_blocks=blocks, block_size=block_size, kv_capacity=capacity, input_len=p["input_len"],
+                     output_len=p["output_len"], peak_concurrency=p["peak_concurrency"])
 
 
 if __name__ == "__main__":

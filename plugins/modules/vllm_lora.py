@@ -1,5 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Load or unload a LoRA adapter on a running vLLM instance (runtime LoRA updating)."""
 from __future__ import annotations
 
@@ -18,12 +20,12 @@ options:
   name: {description: the adapter's name (the model name clients ask for), type: str, required: true}
   path: {description: the adapter's directory on the host (PEFT layout), type: path}
   state: {description: present (loaded) or absent, type: str, default: present, choices: [present, absent]}
-author: vllm-fleet
+author: vllm-fleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Load the SQL adapter
-  vllm_lora:
+  vllm_fleet.fleet.vllm_lora:
     port: 8000
     api_key: "{{ vllm_api_key }}"
     name: sql
@@ -31,7 +33,7 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-loaded: {description: adapters loaded on the instance afterwards, name to path, type: dict, returned: success}
+loaded: {description: "adapters loaded on the instance afterwards, name to path", type: dict, returned: success}
 """
 
 import json

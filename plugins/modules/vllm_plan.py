@@ -82,15 +82,17 @@ options:
     default: {}
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   facts:
+    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
-author: vllm-fleet
+author: vllm-fleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Plan every instance
-  vllm_plan:
+  vllm_fleet.fleet.vllm_plan:
     gpus: "{{ ansible_facts.nvidia_gpus }}"
     instances: [{name: main, gpus: [0, 1], port: 8000}]
     model: Qwen/Qwen3-8B

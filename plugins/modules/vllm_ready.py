@@ -1,5 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
+# Copyright: contributors to vllm-fleet
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Wait until a vLLM instance is ready: unit active, /health 200 and a one-token completion."""
 from __future__ import annotations
 
@@ -38,12 +40,12 @@ options:
     type: bool
     default: false
   startup_lines: {description: journal lines of the invocation read for the startup report, type: int, default: 5000}
-author: vllm-fleet
+author: vllm-fleet maintainers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Wait for vLLM
-  vllm_ready:
+  vllm_fleet.fleet.vllm_ready:
     unit: vllm@main.service
     port: 8000
     model: Qwen/Qwen3-8B
@@ -75,12 +77,11 @@ phases:
 invocation_id: {description: the unit's InvocationID (one per start), type: str, returned: success and startup_report}
 started_at: {description: "the server process's start, as systemd prints it (ExecMainStartTimestamp)", type: str,
              returned: success and startup_report}
-diagnosis: {description: kind, summary and advice of the failure found in the journal, type: dict, returned: failure}
+diagnosis: {description: "kind, summary and advice of the failure found in the journal", type: dict,
+            returned: failure}
 journal: {description: last journal lines, type: list, returned: failure}
 """
 
-import itertools
-import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -97,13 +98,14 @@ def unit_state(module, unit):
     return parse_show(out)
 
 
-def first_lines(invocation, count):
+# head stops journalctl at the lines it needs (SIGPIPE): an invocation's journal can hold days of serving logs.
+FIRST_LINES = 'journalctl --no-pager -o cat "_SYSTEMD_INVOCATION_ID=$1" 2>/dev/null | head -n "$2"'
+
+
+def first_lines(module, invocation, count):
     """The first `count` journal lines of one invocation of a unit: the startup, not days of serving logs."""
-    with subprocess.Popen(["journalctl", "--no-pager", "-o", "cat", "_SYSTEMD_INVOCATION_ID=" + invocation],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, errors="replace") as proc:
-        lines = list(itertools.islice(proc.stdout, count))
-        proc.kill()
-    return "".join(lines)
+    _rc, out, _err = module.run_command(["sh", "-c", FIRST_LINES, "sh", invocation, str(int(count))])
+    return out
 
 
 def main():
@@ -151,7 +153,7 @@ def main():
                               restarts=int(state.get("NRestarts", 0) or 0),
                               start_to_ready=round((active - started) / 1e6, 2) if active > started > 0 else None)
                 if p["startup_report"] and state.get("InvocationID"):
-                    report = startup_report(first_lines(state["InvocationID"], p["startup_lines"]))
+                    report = startup_report(first_lines(module, state["InvocationID"], p["startup_lines"]))
                     result.update(startup=report, phases=start_phases(report, result["start_to_ready"],
                                                                       first_completion),
                                   invocation_id=state["InvocationID"], started_at=state.get("ExecMainStartTimestamp"))

@@ -237,4 +237,3 @@ def group_member_args(plan, rank, master_addr, master_port):
     for key, value in options.items():
         _render(key, FLAGS[key], value, version, key)
     return options
-

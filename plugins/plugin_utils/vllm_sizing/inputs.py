@@ -81,7 +81,7 @@ def _checked(value, spec, field):
         fail("%s: unknown key%s %s (accepted: %s)" % (field, "s" if len(unknown) > 1 else "", ", ".join(unknown),
                                                       ", ".join(spec)))
     return {key: default if given.get(key) is None else _value(kind, given[key], "%s.%s" % (field, key))
-            for key, (kind, default, _) in spec.items()}
+            for key, (kind, default, _doc) in spec.items()}
 
 
 def workload(value):

@@ -266,7 +266,8 @@ def attention_backend(shape, version, device, block_size, kv_cache_dtype="auto")
         chosen = {cc: _cuda_choice(shape, row, cc, block_size, kv_cache_dtype) for cc in ccs}
     refused = sorted((cc or device["type"], why) for cc, (name, why) in chosen.items() if name is None)
     if refused and len(refused) == len(chosen):
-        fail("vLLM %s would not start %s on %s: %s" % (version, kind, ", ".join(c for c, _ in refused), refused[0][1]))
+        fail("vLLM %s would not start %s on %s: %s"
+             % (version, kind, ", ".join(c for c, _reason in refused), refused[0][1]))
     sizes = {block for name, block in chosen.values() if name is not None}
     if refused or len(sizes) > 1:
         outcomes = {}
@@ -276,9 +277,9 @@ def attention_backend(shape, version, device, block_size, kv_cache_dtype="auto")
                 outcomes.setdefault(why if name is None else "block size %d" % why, []).append(cc)
         fail("on CUDA, vLLM %s gives %s %s depending on the GPU: give compute_capability or block_size" % (
             version, kind, "; ".join("%s on %s" % (what, ", ".join(ccs)) for what, ccs in outcomes.items())))
-    names = sorted({name for name, _ in chosen.values()})
+    names = sorted({name for name, _why in chosen.values()})
     first = {cc: _first_backend(shape, row, cc) for cc in chosen if cc is not None}
-    precluded = sorted({first[cc] for cc, (name, _) in chosen.items() if cc is not None and name != first[cc]})
+    precluded = sorted({first[cc] for cc, (name, _why) in chosen.items() if cc is not None and name != first[cc]})
     return {"backend": " or ".join(names), "block_size": sizes.pop(), "precluded": precluded,
             "kernel": _kernel(shape, row, device, names)}
 
@@ -322,7 +323,7 @@ def _blocks(window, max_model_len, in_flight, block_size):
 
 def stage_block_bytes(lay, stage):
     """Bytes of one block in a stage's shared pool: the largest group's layers on that stage."""
-    return lay["page"] * max(len(stage.intersection(layers)) for _, layers in lay["groups"])
+    return lay["page"] * max(len(stage.intersection(layers)) for _window, layers in lay["groups"])
 
 
 # What the allocator hands one request, whatever the startup check of the release sums: every KV-cache group's blocks
@@ -337,7 +338,7 @@ def stage_need(lay, stage, max_model_len, check=None):
     in_flight, block_size = lay["in_flight"], lay["kv_block"]
     if check in ("groups", REAL):
         # Every group claims blocks from the shared pool, empty or padded ones included.
-        blocks = sum(_blocks(w, max_model_len, in_flight, block_size) for w, _ in lay["groups"])
+        blocks = sum(_blocks(w, max_model_len, in_flight, block_size) for w, _layers in lay["groups"])
         return stage_block_bytes(lay, stage) * blocks
     if check == "layers":
         return lay["page"] * sum(_blocks(lay["shape"]["windows"][i], max_model_len, in_flight, block_size)
@@ -402,7 +403,7 @@ def fitting_max_len(lay, kv_cache_bytes, upper, check=None):
 def kv_capacity(lay, kv_cache_bytes, max_model_len):
     """num_blocks, per-request blocks, KV tokens and concurrency as vLLM logs them."""
     num_blocks = min(kv_cache_bytes // stage_block_bytes(lay, stage) for stage in lay["stages"])
-    per_request = sum(_blocks(w, max_model_len, lay["in_flight"], lay["kv_block"]) for w, _ in lay["groups"])
+    per_request = sum(_blocks(w, max_model_len, lay["in_flight"], lay["kv_block"]) for w, _layers in lay["groups"])
     concurrency = num_blocks / per_request
     return {"num_blocks": num_blocks, "blocks_per_request": per_request,
             "tokens": int(concurrency * max_model_len), "concurrency": concurrency}

@@ -237,7 +237,7 @@ def _fewer_seqs(result, ctx, tp):
     """Lower max_num_seqs to what the KV cache holds at p99, if the policy's floor allows."""
     if result["max_model_len"] is None or "seqs_that_fit" not in result:
         return None
-    for _ in range(3):  # fewer sequences shrink the sampler's share, which frees a little KV memory
+    for _round in range(3):  # fewer sequences shrink the sampler's share, which frees a little KV memory
         seqs = result["seqs_that_fit"]
         if seqs < ctx["min_seqs"]:
             return None
@@ -454,7 +454,7 @@ def _hosts_hint(ctx, result):
                     "pipeline_parallel_size %d across them): policy.nodes %d plans that replica group "
                     "(docs/multi-node.md)" % (hosts, ctx["gpus_per_node"], ctx["gpu_name"], tp, pp, hosts))
     return "not even %d hosts of %d x %s would hold it as one instance" % (MAX_HOSTS, ctx["gpus_per_node"],
-                                                                          ctx["gpu_name"])
+                                                                           ctx["gpu_name"])
 
 
 # Checkpoints the hint considers: FP8 (as vLLM's fp8 method or compressed-tensors FP8-dynamic store it) and AWQ

@@ -125,7 +125,7 @@ def parse_quantization(config):
     elif method == "bitsandbytes":
         four, eight = (as_bool(config.get(k), "%s.%s" % (field, k), False) for k in ("load_in_4bit", "load_in_8bit"))
         quant.update(bits=4 if four else 8, skip=as_names(config.get("llm_int8_skip_modules"),
-                                                           field + ".llm_int8_skip_modules"),
+                                                          field + ".llm_int8_skip_modules"),
                      double=as_bool(config.get("bnb_4bit_use_double_quant"), field + ".bnb_4bit_use_double_quant",
                                     False))
         if not (four or eight):
@@ -314,7 +314,8 @@ def _describe(quant):
     if method == "bitsandbytes":
         return "bitsandbytes %d-bit" % quant["bits"]
     if method == "compressed-tensors":
-        return "compressed-tensors " + ", ".join("%d-bit %s" % (s["bits"], s["strategy"]) for _, s in quant["groups"])
+        return "compressed-tensors " + ", ".join("%d-bit %s" % (s["bits"], s["strategy"])
+                                                 for _name, s in quant["groups"])
     return "mxfp4 experts"
 
 
