@@ -85,8 +85,8 @@ def test_the_rendered_configuration_keeps_one_setting_a_line(tmp_path):
 
 
 @pytest.mark.parametrize("template, renderer", [
-    ("etc/haproxy/haproxy.cfg.j2", r"\|\s*(haproxy_word\(|int\b|map\('haproxy_word')"),
-    ("etc/keepalived/keepalived.conf.j2", r"\|\s*(keepalived_word\(|int\b)"),
+    ("etc/haproxy/haproxy.cfg.j2", r"\|\s*(vllm_fleet\.fleet\.haproxy_word\(|int\b|map\('vllm_fleet\.fleet\.haproxy_word')"),
+    ("etc/keepalived/keepalived.conf.j2", r"\|\s*(vllm_fleet\.fleet\.keepalived_word\(|int\b)"),
 ])
 def test_template_writes_every_value_through_the_renderer(template, renderer):
     """Each {{ }} of the balancer's templates is piped through its format's renderer (with a kind) or int, but
