@@ -14,8 +14,8 @@ has four distinct configurations, as fleets do. Then, timed in the same run:
   batches (10 % of the hosts, then one rack of 20 hosts each: rolling_restart_batch_by), the resume play, and per
   host the roll role's whole runbook with its capacity guard, events, journal records and report, then report.json,
   the table and timeline.png once. What touches a host or a balancer (the GPU read, drain, stop, start, the wait,
-  enable, the balancers' server states) is a stand-in role of one set_fact per task file (STANDINS, put before
-  roles/ in the roles path), so the time printed is the controller's own for the roll, and a real roll adds the
+  enable, the balancers' server states) is a stand-in task file of one set_fact (STANDINS, in a copy of the
+  collection whose other files are links to this checkout's, first in the collections path), so the time printed is the controller's own for the roll, and a real roll adds the
   hardware's: hosts / batch x (drain + stop + start) and each task's round trip to its host. Beside the roll in
   batches of 10 %, its floor: as many set_facts a host as the roll ran tasks on one, in the same batches (Ansible's
   per-host cost of such a play grows with the inventory; the roll is judged against that).
@@ -80,13 +80,28 @@ ROLL_BATCHES = {"percent": ("10 %", ("-e", "rolling_restart_serial=10%")),
                 "rack": ("a rack", ("-e", "rolling_restart_batch_by=rack"))}
 
 
-def standin_roles(directory):
-    """The STANDINS as roles under directory, each task file one set_fact unless it sets something."""
+def standin_collection(directory):
+    """The collection vllm_fleet.fleet under directory (a collections path), every file a link to this checkout's
+    but the STANDINS' task files, each one set_fact unless it sets something. Returns directory."""
+    root = os.path.join(directory, "ansible_collections", "vllm_fleet", "fleet")
+    os.makedirs(root)
+    for name in os.listdir(ROOT):
+        if name not in ("roles", "collections", ".git", ".venv"):
+            os.symlink(os.path.join(ROOT, name), os.path.join(root, name))
+    for role in os.listdir(os.path.join(ROOT, "roles")):
+        source = os.path.join(ROOT, "roles", role)
+        os.makedirs(os.path.join(root, "roles", role, "tasks"))
+        for name in os.listdir(source):
+            if name != "tasks":
+                os.symlink(os.path.join(source, name), os.path.join(root, "roles", role, name))
+        for name in os.listdir(os.path.join(source, "tasks")):
+            if (role, name[:-len(".yml")]) not in STANDINS:
+                os.symlink(os.path.join(source, "tasks", name), os.path.join(root, "roles", role, "tasks", name))
     for (role, tasks_from), tasks in STANDINS.items():
-        os.makedirs(os.path.join(directory, role, "tasks"), exist_ok=True)
         tasks = tasks or [{"ansible.builtin.set_fact": {"bench_standin": tasks_from}}]
-        with open(os.path.join(directory, role, "tasks", tasks_from + ".yml"), "w", encoding="utf-8") as out:
+        with open(os.path.join(root, "roles", role, "tasks", tasks_from + ".yml"), "w", encoding="utf-8") as out:
             yaml.safe_dump([{"name": "Stand-in for %s's %s" % (role, tasks_from), **task} for task in tasks], out)
+    return directory
 
 
 def inventory(hosts):
@@ -105,10 +120,10 @@ def inventory(hosts):
                     "children": {"vllm": {"children": groups}}}}
 
 
-def run(playbook, inventory_file, forks, profile, extra=(), roles_path=None):
+def run(playbook, inventory_file, forks, profile, extra=(), collections_path=None):
     env = dict((key, value) for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE")
-    if roles_path:
-        env["ANSIBLE_ROLES_PATH"] = roles_path
+    if collections_path:
+        env["ANSIBLE_COLLECTIONS_PATH"] = collections_path
     env.update(ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORKS=str(forks),
                ANSIBLE_FORCE_COLOR="0", PROFILE_TASKS_TASK_OUTPUT_LIMIT="12")
     started = time.perf_counter()
@@ -145,8 +160,7 @@ def main():
         floor = os.path.join(scratch, "floor.yml")
         with open(floor, "w", encoding="utf-8") as out:
             yaml.safe_dump(FLOOR, out)
-        standin_roles(os.path.join(scratch, "standins"))
-        roles_path = os.path.join(scratch, "standins") + os.pathsep + os.path.join(ROOT, "roles")
+        standins = standin_collection(os.path.join(scratch, "standins"))
         for hosts in args.hosts:
             inventory_file = os.path.join(scratch, "fleet-%d.yml" % hosts)
             with open(inventory_file, "w", encoding="utf-8") as out:
@@ -164,7 +178,7 @@ def main():
                     seconds, output = run("playbooks/rolling_restart.yml", inventory_file, args.forks, args.profile, (
                         *setting, "-e", "rolling_restart_lock_file=%s/lock" % state,
                         "-e", "rolling_restart_journal_dir=%s/journal" % state,
-                        "-e", "rolling_restart_reports_dir=%s/reports" % state), roles_path)
+                        "-e", "rolling_restart_reports_dir=%s/reports" % state), standins)
                     check_roll(state, hosts)
                     print("%6d hosts  rolling_restart.yml, %-7s %7.1f s  %6.1f s per 1,000 hosts  %5.2fx the floor"
                           % (hosts, batches, seconds, seconds * 1000 / hosts, seconds / base))

@@ -38,7 +38,8 @@ _PARSER = jinja2.Environment(extensions=["jinja2.ext.do", "jinja2.ext.loopcontro
 _MISSING = object()
 
 # The per-host path, in order: (role, entry point and task file, action of that file's task).
-STEPS = (("nvidia_gpu", "facts", "vllm_fleet.fleet.nvidia_gpu_facts"), ("vllm", "plan", "vllm_fleet.fleet.vllm_plan"))
+STEPS = (("vllm_fleet.fleet.nvidia_gpu", "facts", "vllm_fleet.fleet.nvidia_gpu_facts"),
+         ("vllm_fleet.fleet.vllm", "plan", "vllm_fleet.fleet.vllm_plan"))
 
 
 def task_args(tasks, action):
@@ -128,7 +129,9 @@ class ActionModule(ActionBase):
         path = role.get_role_path()
         options = self._loader.load_from_file(
             os.path.join(path, "meta", "argument_specs.yml"))["argument_specs"][entry].get("options", {})
-        tasks = self._loader.load_from_file(os.path.join(path, "tasks", entry + ".yml"))
+        # The role's own task file, templated as Ansible templates it (not found in the loader's cache of what the
+        # play loaded when the role's path is spelled another way, e.g. through the collection's link).
+        tasks = self._loader.load_from_file(os.path.join(path, "tasks", entry + ".yml"), trusted_as_template=True)
         return {"name": name, "entry": entry, "action": action, "defaults": role.get_default_vars(),
                 "options": options, "validator": ArgumentSpecValidator(options), "args": task_args(tasks, action)}
 

@@ -17,6 +17,10 @@ import os
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
+from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.calibration import calibration_key
+from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.flags import vllm_serve_args
+from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.plan import vllm_sizing
+from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.shape import vllm_model
 
 ARGUMENT_SPEC = {
     "gpus": {"type": "list", "elements": "dict", "required": True},
@@ -82,15 +86,12 @@ class ActionModule(ActionBase):
     _supports_check_mode = True
     _VALID_ARGS = frozenset(ARGUMENT_SPEC)
 
-    def _filter(self, name):
-        return self._shared_loader_obj.filter_loader.get(name).j2_function
-
     def _model_config(self, args, task_vars):
         """config.json as a dict: given, read from the model directory on the host, or from the filter's catalog."""
         if args["model_config"]:
             return args["model_config"]
         if not args["model_dir"]:
-            return self._filter("vllm_model")(args["model"])
+            return vllm_model(args["model"])
         path = os.path.join(args["model_dir"], "config.json")
         read = self._execute_module(module_name="ansible.builtin.slurp", module_args={"src": path},
                                     task_vars=task_vars)
@@ -111,7 +112,6 @@ class ActionModule(ActionBase):
         if message:
             raise AnsibleActionFail(message)
         config = self._model_config(args, task_vars)
-        sizing, key = self._filter("vllm_sizing"), self._filter("vllm_calibration_key")
 
         def plan(instance, measured=None, loadtest=None):
             gpus = [gpu for gpu in args["gpus"] if gpu["index"] in instance["gpus"]]
@@ -119,7 +119,7 @@ class ActionModule(ActionBase):
                           model=args["model_path"], vllm_version=args["version"],
                           serve_options=args["serve_options"], strict=args["strict"],
                           measured=measured, loadtest=loadtest)
-            return sizing(gpus, config, args["workload"], policy)
+            return vllm_sizing(gpus, config, args["workload"], policy)
 
         plans, entries = {}, {}
         for instance in args["instances"]:
@@ -127,7 +127,7 @@ class ActionModule(ActionBase):
             if args["calibration_dir"]:
                 # What a start, and a load test, of the configuration this plan runs measured: the first plan
                 # names the configuration (its key), the second plans with the measurements.
-                directory = os.path.join(args["calibration_dir"], key(plans[instance["name"]]))
+                directory = os.path.join(args["calibration_dir"], calibration_key(plans[instance["name"]]))
                 found = (store_entry(directory, host, instance["name"]),
                          store_entry(os.path.join(directory, "loadtest"), host, instance["name"]))
                 if any(found):
@@ -135,8 +135,7 @@ class ActionModule(ActionBase):
                     plans[instance["name"]] = plan(instance, *map(read_entry, found))
         later = {}
         if args["running"]:  # after a start only: plan.yml and preflight pass none
-            serve_args = self._filter("vllm_serve_args")
-            plans, later = hold_back(plans, args["running"], lambda p: (serve_args(p, {}), p.get("env")))
+            plans, later = hold_back(plans, args["running"], lambda p: (vllm_serve_args(p, {}), p.get("env")))
         result.update(changed=False, calibration_entries=entries,
                       ansible_facts={"vllm_plans": plans, "vllm_plans_later": later})
         return result

@@ -26,7 +26,7 @@ def fleet():
 
 
 def roll(tmp_path, *args):
-    bench_controller.standin_roles(str(tmp_path / "standins"))
+    standins = bench_controller.standin_collection(str(tmp_path / "standins"))
     (tmp_path / "fleet.yml").write_text(yaml.safe_dump(fleet()))
     out = subprocess.run(
         [os.path.join(ROOT, ".venv", "bin", "ansible-playbook"), "-i", str(tmp_path / "fleet.yml"),
@@ -36,7 +36,7 @@ def roll(tmp_path, *args):
                            "rolling_restart_reports_dir": str(tmp_path / "reports")}), *args],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
         env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
-                 ANSIBLE_ROLES_PATH=os.pathsep.join([str(tmp_path / "standins"), os.path.join(ROOT, "roles")])))
+                 ANSIBLE_COLLECTIONS_PATH=standins))
     (run_id,) = os.listdir(tmp_path / "reports")
     with open(tmp_path / "reports" / run_id / "report.json", encoding="utf-8") as source:
         return out.returncode, out.stdout + out.stderr, json.load(source)
@@ -54,7 +54,7 @@ def racks():
 def batches(out):
     """The hosts of each batch of the roll's play, in order, from its play headers and the hosts' first task."""
     chunks = out.split("PLAY [Roll the vLLM fleet]")[1:]
-    return [set(re.findall(r"ok: \[(gpu\d-\d+)\]", chunk.split("TASK [rolling_restart : Refuse a driver")[0]))
+    return [set(re.findall(r"ok: \[(gpu\d-\d+)\]", chunk.split("TASK [vllm_fleet.fleet.rolling_restart : Refuse a driver")[0]))
             for chunk in chunks]
 
 

@@ -117,8 +117,8 @@ def test_after_the_reboot_the_role_starts_the_services_and_checks_the_gpus():
                  " && rm /etc/modprobe.d/blacklist-nouveau.conf")
     out = playbook(CONVERGE)
     assert out.returncode == 0, out.stdout[-3000:]
-    assert out.stdout.count("RUNNING HANDLER [nvidia_gpu : Update initramfs]") == 1
-    assert "RUNNING HANDLER [nvidia_gpu : Reboot to load the NVIDIA driver]" not in out.stdout
+    assert out.stdout.count("RUNNING HANDLER [vllm_fleet.fleet.nvidia_gpu : Update initramfs]") == 1
+    assert "RUNNING HANDLER [vllm_fleet.fleet.nvidia_gpu : Reboot to load the NVIDIA driver]" not in out.stdout
     for host, wanted in WANTED.items():
         assert sh(host, f"test -e {PENDING}", check=False).returncode == 1
         assert sh(host, "systemctl is-active nvidia-persistenced").stdout.strip() == "active"
@@ -131,15 +131,15 @@ def test_after_the_reboot_the_role_starts_the_services_and_checks_the_gpus():
     again = playbook(CONVERGE)
     assert again.returncode == 0, again.stdout[-3000:]
     assert {host: recap(again, host)["changed"] for host in WANTED} == {"gpu-a10g": 0, "gpu-hgx": 0}
-    assert "TASK [nvidia_gpu : Install the driver packages]" not in again.stdout
-    assert "TASK [nvidia_gpu : Add NVIDIA's CUDA repository (cuda-keyring)]" not in again.stdout
+    assert "TASK [vllm_fleet.fleet.nvidia_gpu : Install the driver packages]" not in again.stdout
+    assert "TASK [vllm_fleet.fleet.nvidia_gpu : Add NVIDIA's CUDA repository (cuda-keyring)]" not in again.stdout
 
     # A driver that needs no work but lost its pin and hold (as one from an image or a hand install has none):
     # the run puts them back, still without package work.
     sh("gpu-a10g", "apt-mark unhold nvidia-smi nvidia-driver && rm /etc/apt/preferences.d/nvidia-gpu-driver")
     held = playbook(CONVERGE, "--limit", "gpu-a10g")
     assert held.returncode == 0, held.stdout[-3000:]
-    assert "TASK [nvidia_gpu : Install the driver packages]" not in held.stdout
+    assert "TASK [vllm_fleet.fleet.nvidia_gpu : Install the driver packages]" not in held.stdout
     # The pin and the hold (one task of several packages), nothing else.
     assert recap(held, "gpu-a10g")["changed"] == 2, held.stdout[-3000:]
     assert DRIVER_PACKAGES <= set(sh("gpu-a10g", "apt-mark showhold").stdout.split())
@@ -210,7 +210,7 @@ def test_nvlsm_only_on_an_nvlink5_board_started_by_fabric_manager_first():
         again = playbook(CONVERGE, "--limit", host)
         assert again.returncode == 0, again.stdout[-3000:]
         assert recap(again, host)["changed"] == 0
-        assert "TASK [nvidia_gpu : Install NVLSM]" not in again.stdout
+        assert "TASK [vllm_fleet.fleet.nvidia_gpu : Install NVLSM]" not in again.stdout
     finally:
         # Back to the H100 board, as the other tests left it.
         sh(host, "umount /sys/bus/pci/devices; apt-get purge --yes --allow-change-held-packages nvlsm;"

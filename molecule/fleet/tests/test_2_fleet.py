@@ -382,7 +382,7 @@ def latest_loadtest(host, runs=LOADTESTS):
 def passed_loadtest_before_enable(run, host, runs):
     """The playbook run load-tested the host's instance before it put the host in READY, and the test measured
     real traffic (every request of every stage completed)."""
-    enable = run.stdout.index("TASK [balancer : Put the host's servers in READY")
+    enable = run.stdout.index("TASK [vllm_fleet.fleet.balancer : Put the host's servers in READY")
     assert run.stdout.index(f"{host} instance main: load test PASSED") < enable, run.stdout[-3000:]
     report, _ = latest_loadtest(host, runs)
     assert report["verdict"]["passed"] and all(s["completed"] == s["requests"] > 0 for s in report["stages"])
