@@ -30,8 +30,7 @@ import tempfile
 import urllib.request
 import zipfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import vllm_source  # noqa: E402 - the extraction library beside this file
+import vllm_source  # the extraction library beside this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join(ROOT, "plugins", "plugin_utils", "vllm_sizing", "releases.json")

@@ -19,13 +19,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import vllm_sizing as vs  # noqa: E402
 sz = vs.package()  # the package behind the filters, every module loaded
 

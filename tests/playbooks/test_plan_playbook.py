@@ -2,7 +2,6 @@
 import json
 import os
 import subprocess
-import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -145,7 +144,6 @@ def test_a_generated_fleet_gets_each_hosts_own_plan(tmp_path):
     measured on another host of one configuration in the calibration store, which every host of that configuration
     plans with."""
     import yaml
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import bench_controller
     import vllm_sizing
     import vllm_startup_report

@@ -6,12 +6,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import yaml
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bench_controller  # noqa: E402  (a script folder, not a package)
 
 

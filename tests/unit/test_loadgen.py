@@ -15,7 +15,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 LOADGEN = REPO / "tools" / "loadgen.py"
-sys.path.insert(0, str(REPO / "tools"))
 
 import loadgen  # noqa: E402
 

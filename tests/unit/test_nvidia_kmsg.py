@@ -13,8 +13,7 @@ from conftest import load_file
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "nvidia_gpu"
 MODULE_UTILS = ROOT / "plugins" / "module_utils"
-# On a host the program's module_utils sit next to it; here they are the collection's own files.
-sys.path.insert(0, str(MODULE_UTILS))
+# On a host the program's module_utils sit next to it; here they are the collection's own files (pytest.ini).
 
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils import nvidia_kmsg as k  # noqa: E402
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
 
 pytest.importorskip("matplotlib")
 import timeline  # noqa: E402

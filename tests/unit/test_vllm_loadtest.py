@@ -2,12 +2,10 @@
 import copy
 import json
 import os
-import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 import loadtest_plot  # noqa: E402
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils import vllm_loadtest, vllm_metrics  # noqa: E402
 

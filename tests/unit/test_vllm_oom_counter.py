@@ -1,15 +1,14 @@
 """files/vllm-oom-counter: runtime OOMs (failure 2) counted from real vLLM log lines for node exporter's textfile
 collector; startup OOMs and prompts that quote OOM text are not counted."""
 import os
-import sys
 
 import pytest
 from conftest import ROOT, load_file
 
 ROLE = os.path.join(ROOT, "roles", "vllm")
 LOGS = os.path.join(ROOT, "tests", "fixtures", "vllm-logs")
-# On a host the script imports vllm_diagnosis from its own directory; here from the collection's module_utils.
-sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
+# On a host the script imports vllm_diagnosis from its own directory; here from the collection's module_utils, on
+# the path from pytest.ini.
 counter = load_file(os.path.join(ROLE, "files", "vllm-oom-counter"), "vllm_oom_counter")
 
 

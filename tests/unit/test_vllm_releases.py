@@ -2,13 +2,11 @@
 tools/vllm_release.py reads in every cached release's source, leave no cached release out, and the tool fails
 with a clear message on a source shape it does not know."""
 import os
-import sys
 import textwrap
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import vllm_release  # noqa: E402
 import vllm_source  # noqa: E402

@@ -2,7 +2,6 @@
 estimates, on the published GPU startups and on the CPU build's own output."""
 import json
 import os
-import sys
 
 import pytest
 from ansible.errors import AnsibleFilterError
@@ -12,7 +11,6 @@ import vllm_sizing as vs
 sz = vs.package()  # the package behind the filters, every module loaded
 import vllm_startup_report
 
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bench_calibration  # noqa: E402
 
 ROWS = bench_calibration.calibrated()

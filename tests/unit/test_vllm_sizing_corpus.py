@@ -1,16 +1,13 @@
 """The budget against published vLLM startups on real GPUs (tests/fixtures/startup-logs/), and quantized weights
 sized from real quantization_config blocks."""
-import os
-import sys
 
 import pytest
 from ansible.errors import AnsibleFilterError
-from conftest import ROOT, gpu
+from conftest import gpu
 
 import vllm_sizing as vs
 sz = vs.package()  # the package behind the filters, every module loaded
 
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bench_budget  # noqa: E402
 
 GiB = 1 << 30

@@ -3,7 +3,6 @@
 and its HAProxy agent answering over a real TCP socket on loopback."""
 import os
 import socket
-import sys
 import threading
 
 import pytest
@@ -11,8 +10,7 @@ from conftest import load_file
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 METRICS = os.path.join(ROOT, "tests", "fixtures", "vllm-metrics")
-# On a host the module_utils sit next to the program; here they are the collection's own files.
-sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
+# On a host the module_utils sit next to the program; here they are the collection's own files (pytest.ini).
 watchdog = load_file(os.path.join(ROOT, "roles", "vllm", "files", "vllm-watchdog"), "vllm_watchdog")
 parse_metrics = watchdog.parse_metrics
 
