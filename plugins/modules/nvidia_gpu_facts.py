@@ -53,20 +53,26 @@ options:
       - Number of GPUs the host must have; V(0) skips the check.
     type: int
     default: 0
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
+  - ansible.builtin.action_common_attributes.flow
 attributes:
   action:
-    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on
-      the controller.
     support: full
     details: The action plugin handles O(declared) and O(expected_count) on the controller.
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
+    support: full
+  platform:
+    platforms: posix
     support: full
 notes:
   - Set a task-level C(timeout) if a wedged GPU may make nvidia-smi hang.

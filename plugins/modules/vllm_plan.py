@@ -80,12 +80,18 @@ options:
         writes it together with the unit's drop-in, so that the plan file on the host is always what runs.
     type: dict
     default: {}
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
+  diff_mode:
+    support: none
   facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
+    support: full
+  platform:
+    platforms: posix
     support: full
 author: vllm-fleet maintainers (!UNKNOWN)
 """
