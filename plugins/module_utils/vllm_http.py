@@ -1,5 +1,6 @@
 # -*- coding: utf-8 -*-
-"""HTTP to a vLLM instance on the host's own loopback, for the vllm role's modules (standard library only)."""
+"""HTTP to a vLLM instance on the host's own loopback: the one client, for the vllm role's modules and its host
+programs (vllm-watchdog, vllm-unit-helper: a copy next to them). Standard library only."""
 from __future__ import annotations
 
 import json
@@ -24,3 +25,9 @@ def http(url, payload=None, api_key="", timeout=30):
         return err.code, err.read().decode(errors="replace")
     except OSError as err:
         return None, str(err)
+
+
+def metrics_text(port, timeout=10):
+    """The text of the instance's /metrics, or None when it did not answer 200 (stopped, dead or still loading)."""
+    status, body = http("http://127.0.0.1:%d/metrics" % port, timeout=timeout)
+    return body if status == 200 else None

@@ -109,51 +109,15 @@ timed_out:
 elapsed: {description: Seconds spent., returned: always, type: float}
 """
 
-import csv
-import socket
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.haproxy_admin import (
+    AdminSocketError, command, parse_servers_state, parse_stat, servers_state)
 
 ADMF_MAINT = 0x23  # FMAINT | IMAINT | RMAINT (CMAINT alone is only "was disabled in the configuration")
 ADMF_DRAIN = 0x18  # FDRAIN | IDRAIN
 OP_STATES = {0: "DOWN", 1: "DOWN", 2: "UP", 3: "NOLB"}  # stopped, starting, running, stopping
-
-
-class SocketError(Exception):
-    pass
-
-
-def command(path, cmd, timeout=10.0):
-    """Send one command to the admin socket and return the whole answer."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(path)
-            sock.sendall(cmd.encode() + b"\n")
-            chunks = []
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-    except OSError as exc:
-        raise SocketError(f"HAProxy admin socket {path}: {exc}") from exc
-    return b"".join(chunks).decode("utf-8", "replace")
-
-
-def parse_stat(text, kind="servers"):
-    """{(proxy, name): row} from `show stat` CSV: the servers, or the backends' own rows (kind="BACKEND")."""
-    lines = text.strip().splitlines()
-    if not lines or not lines[0].startswith("# "):
-        raise SocketError(f"unexpected `show stat` answer: {text[:200]!r}")
-    lines[0] = lines[0][2:]
-    rows = {}
-    for row in csv.DictReader(lines):
-        own = row.get("svname") in ("FRONTEND", "BACKEND")
-        if row.get("pxname") and (row.get("svname") == kind if kind != "servers" else not own):
-            rows[(row["pxname"], row["svname"])] = row
-    return rows
 
 
 def backends(path, backend):
@@ -162,20 +126,6 @@ def backends(path, backend):
     return [{"backend": name, "qcur": to_int(row.get("qcur")), "qmax": to_int(row.get("qmax")),
              "hrsp_5xx": to_int(row.get("hrsp_5xx"))}
             for (name, _server), row in sorted(rows.items()) if backend is None or name == backend]
-
-
-def parse_servers_state(text):
-    """{(backend, server): (op_state, admin_state)} from `show servers state`."""
-    states = {}
-    for line in text.splitlines()[1:]:
-        words = line.split()
-        if len(words) < 7 or words[0].startswith("#"):
-            continue
-        try:
-            states[(words[1], words[3])] = (int(words[5]), int(words[6]))
-        except ValueError:
-            continue
-    return states
 
 
 def to_int(value):
@@ -188,7 +138,10 @@ def to_int(value):
 def snapshot(path):
     """Every server: [{backend, name, state, admin, status, scur, qcur, check_status, addr}]."""
     stat = parse_stat(command(path, "show stat"))
-    states = parse_servers_state(command(path, "show servers state"))
+    # The admin state's flags tell drain from maint where `show stat`'s status does not (a DOWN server in drain).
+    states = {(row["be_name"], row["srv_name"]): (int(row["srv_op_state"]), int(row["srv_admin_state"]))
+              for row in parse_servers_state(servers_state(path), fields=7)
+              if row["srv_op_state"].isdigit() and row["srv_admin_state"].isdigit()}
     servers = []
     for (backend, name), row in stat.items():
         op_state, admin_flags = states.get((backend, name), (None, 0))
@@ -307,7 +260,7 @@ def main():
                 module.fail_json(msg=msg, servers=current, elapsed=round(time.monotonic() - started, 3), **result)
             time.sleep(module.params["interval"])
             current = select(snapshot(path), backend, names)
-    except SocketError as exc:
+    except AdminSocketError as exc:
         module.fail_json(msg=str(exc), **result)
 
     module.exit_json(servers=current, elapsed=round(time.monotonic() - started, 3), **result)

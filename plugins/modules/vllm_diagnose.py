@@ -51,12 +51,12 @@ metrics: {description: the vLLM metrics read, type: dict, returned: always}
 unit: {description: "ActiveState, Result and NRestarts of the unit", type: dict, returned: always}
 """
 
-import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_diagnosis import diagnose
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_http import metrics_text
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_metrics import ACTIVE, PRESSURE, parse_metrics
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_systemd import parse_show, show_command
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_systemd import journal_command, parse_show, show_command
 
 
 def pressure_finding(metrics):
@@ -84,15 +84,10 @@ def main():
     p = module.params
     _rc, out, _err = module.run_command(show_command(p["unit"], ("ActiveState", "Result", "NRestarts")))
     unit = parse_show(out)
-    # short-iso: every line, systemd's own included, carries its date and time.
-    _rc, journal, _err = module.run_command(
-        ["journalctl", "-u", p["unit"], "--since", p["since"], "--no-pager", "-o", "short-iso"])
-    metrics = {}
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % p["port"], timeout=10) as resp:
-            metrics = parse_metrics(resp.read().decode(errors="replace"), ACTIVE + PRESSURE)
-    except OSError:
-        pass  # a dead or stopped server has no metrics; the journal still tells
+    _rc, journal, _err = module.run_command(journal_command(p["unit"], since=p["since"]))
+    text = metrics_text(p["port"])
+    # A dead or stopped server has no metrics; the journal still tells.
+    metrics = {} if text is None else parse_metrics(text, ACTIVE + PRESSURE)
     found = diagnose(journal)
     findings = [{k: found[k] for k in ("kind", "summary", "advice", "details")}] if found["kind"] != "none" else []
     pressure = pressure_finding(metrics)

@@ -99,23 +99,23 @@ import shutil
 import tempfile
 import threading
 import time
-import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_diagnosis import diagnose
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_http import metrics_text
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_loadtest import (
     bench_command, kv_capacity, stage_summary, verdict)
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_metrics import metric_labels, parse_metrics
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_systemd import journal_command
 
 OOM_KINDS = ("runtime_oom", "engine_dead", "startup_oom")
 
 
 def read_metrics(port):
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2) as resp:
-            found = parse_metrics(resp.read().decode(errors="replace"))
-    except OSError:
+    text = metrics_text(port, timeout=2)
+    if text is None:
         return None
+    found = parse_metrics(text)
     return {"kv": found.get("vllm:kv_cache_usage_perc"), "running": found.get("vllm:num_requests_running"),
             "waiting": found.get("vllm:num_requests_waiting"),
             "preemptions": found.get("vllm:num_preemptions_total")}
@@ -123,11 +123,10 @@ def read_metrics(port):
 
 def cache_config(port):
     """vLLM's own KV cache figures (vllm:cache_config_info): (blocks, block size), or (None, None)."""
+    labels = metric_labels(metrics_text(port) or "", "vllm:cache_config_info")
     try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as resp:
-            labels = metric_labels(resp.read().decode(errors="replace"), "vllm:cache_config_info")
         return int(labels["num_gpu_blocks"]), int(labels["block_size"])
-    except (OSError, KeyError, ValueError):
+    except (KeyError, ValueError):
         return None, None
 
 
@@ -218,9 +217,8 @@ def main():
             samples.extend(stage_samples)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    _rc, journal, _err = module.run_command(
-        ["journalctl", "-u", p["unit"], "--since", started.strftime("%Y-%m-%d %H:%M:%S UTC"), "--no-pager",
-         "-o", "short-iso"])
+    _rc, journal, _err = module.run_command(journal_command(p["unit"],
+                                                            since=started.strftime("%Y-%m-%d %H:%M:%S UTC")))
     oom = [f["kind"] for f in diagnose(journal)["failures"] if f["kind"].startswith(OOM_KINDS)]
     # -e key=value gives strings: the bounds are numbers (0 or empty: no bound).
     bounds = {key: float(value or 0) for key, value in p["bounds"].items()}

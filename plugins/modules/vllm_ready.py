@@ -88,7 +88,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_diagnosis import diagnose
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_http import http
 from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_log import start_phases, startup_report
-from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_systemd import parse_show, show_command
+from ansible_collections.vllm_fleet.fleet.plugins.module_utils.vllm_systemd import journal_command, parse_show, show_command
 
 
 def unit_state(module, unit):
@@ -99,12 +99,13 @@ def unit_state(module, unit):
 
 
 # head stops journalctl at the lines it needs (SIGPIPE): an invocation's journal can hold days of serving logs.
-FIRST_LINES = 'journalctl --no-pager -o cat "_SYSTEMD_INVOCATION_ID=$1" 2>/dev/null | head -n "$2"'
+FIRST_LINES = 'n=$1; shift; "$@" 2>/dev/null | head -n "$n"'
 
 
 def first_lines(module, invocation, count):
     """The first `count` journal lines of one invocation of a unit: the startup, not days of serving logs."""
-    _rc, out, _err = module.run_command(["sh", "-c", FIRST_LINES, "sh", invocation, str(int(count))])
+    _rc, out, _err = module.run_command(["sh", "-c", FIRST_LINES, "sh", str(int(count))]
+                                        + journal_command(invocation=invocation, output="cat"))
     return out
 
 
@@ -168,8 +169,7 @@ def main():
                              restarts=int(state.get("NRestarts", 0) or 0), unit_state=state)
         last = "not ready after %ds; last check: %s" % (p["timeout"], last)
     # Diagnose from a long tail: after restarts the telling line sits above many traceback lines.
-    _rc, journal, _err = module.run_command(
-        ["journalctl", "-u", p["unit"], "-n", "2000", "--no-pager", "-o", "cat"])
+    _rc, journal, _err = module.run_command(journal_command(p["unit"], lines=2000, output="cat"))
     found = diagnose(journal)
     journal = "\n".join(journal.splitlines()[-p["journal_lines"]:])
     module.fail_json(

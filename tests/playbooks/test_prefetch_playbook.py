@@ -34,9 +34,10 @@ def prefetch(tmp_path, helper_dir, model_dir, **extra):
 def test_the_models_files_are_read_in_the_background_and_reported(tmp_path):
     helper_dir = tmp_path / "libexec"
     helper_dir.mkdir()
-    # As the role installs it: the helper with the collection's nvidia-smi reader next to it.
+    # As the role installs it: the helper with the collection's nvidia-smi reader and HTTP client next to it.
     shutil.copy(os.path.join(ROOT, "roles", "vllm", "files", "vllm-unit-helper"), helper_dir)
-    shutil.copy(os.path.join(ROOT, "plugins", "module_utils", "nvidia_smi.py"), helper_dir)
+    for name in ("nvidia_smi.py", "vllm_http.py"):
+        shutil.copy(os.path.join(ROOT, "plugins", "module_utils", name), helper_dir)
     os.chmod(helper_dir / "vllm-unit-helper", 0o755)
     model = tmp_path / "model"
     model.mkdir()

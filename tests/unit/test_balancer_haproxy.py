@@ -63,8 +63,8 @@ def config(tmp_path):
 
 
 def merged(config, policy):
-    lines = state_helper.merge(state_helper.parse_state(SAVED), state_helper.parse_config(config), policy)
-    rows = state_helper.parse_state("\n".join(lines))
+    lines = state_helper.merge(state_helper.parse_servers_state(SAVED), state_helper.parse_config(config), policy)
+    rows = state_helper.parse_servers_state("\n".join(lines))
     return lines, {r["srv_name"]: r for r in rows}
 
 
@@ -250,7 +250,7 @@ def test_socket_timeout_is_bounded(tmp_path):
     silent.bind(path)
     silent.listen(1)
     try:
-        with pytest.raises(servers_module.SocketError):
+        with pytest.raises(servers_module.AdminSocketError):
             servers_module.command(path, "show stat", timeout=0.5)
     finally:
         silent.close()

@@ -34,7 +34,7 @@ def test_two_ooms_in_one_stretch_count_twice():
 
 
 def test_textfile_format_is_what_node_exporter_reads():
-    assert counter.render({"vllm@b.service": 2, "vllm@a.service": 0}) == (
+    assert counter.render_textfile({"vllm@b.service": 2, "vllm@a.service": 0}) == (
         "# HELP vllm_fleet_runtime_oom_total Runtime out-of-memory failures vLLM logged, counted from the journal.\n"
         "# TYPE vllm_fleet_runtime_oom_total counter\n"
         'vllm_fleet_runtime_oom_total{name="vllm@a.service"} 0\n'

@@ -119,7 +119,7 @@ def test_configuration_valid_service_enabled_reload_saves_state_first():
     reload = sh(LB, "systemctl show haproxy -p ExecReload").stdout
     steps = [part.split(" ;")[0] for part in reload.split("argv[]=")[1:]]
     assert steps[0].startswith("/usr/sbin/haproxy -Ws -f $CONFIG -c")  # check, then save, then USR2
-    assert steps[1].startswith("/usr/local/sbin/haproxy-server-state save")
+    assert steps[1].startswith("/usr/local/libexec/vllm-fleet-balancer/haproxy-server-state save")
     assert steps[2].startswith("/bin/kill -USR2")
 
 
