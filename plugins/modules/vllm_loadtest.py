@@ -28,8 +28,13 @@ options:
   served_model_name: {description: the model name the instance serves, type: str, required: true}
   hf_home: {description: HF_HOME of the instance (where a Hugging Face id's tokenizer is), type: path}
   api_key: {description: the instance's API key (passed to the client in its environment), type: str, default: ""}
-  plan_file: {description: the instance's plan JSON on the host (its engine_args are the limits tested), type: path,
-              required: true}
+  engine_args:
+    description:
+      - The engine arguments of the plan the instance runs (its plan's C(engine_args)); C(max_num_seqs) and
+        C(max_model_len) are the limits tested.
+      - The vllm role passes the plan file of the host, read once by its tasks/running_plans.yml.
+    type: dict
+    required: true
   concurrency:
     description: Concurrency of each stage (run lowest first); empty for O(peak_concurrency) then the plan's max_num_seqs.
     type: list
@@ -64,7 +69,7 @@ EXAMPLES = r"""
     python: /opt/vllm/venv/bin/python
     model: Qwen/Qwen3-8B
     served_model_name: Qwen/Qwen3-8B
-    plan_file: /etc/vllm/main.plan.json
+    engine_args: {max_num_seqs: 8, max_model_len: 8192}
     output_len: 128
     p99_context: 4096
     peak_concurrency: 8
@@ -179,7 +184,7 @@ def main():
             unit=dict(type="str", required=True), port=dict(type="int", required=True),
             python=dict(type="path", required=True), model=dict(type="str", required=True),
             served_model_name=dict(type="str", required=True), hf_home=dict(type="path"), api_key=dict(type="str", default="", no_log=True),
-            plan_file=dict(type="path", required=True),
+            engine_args=dict(type="dict", required=True),
             concurrency=dict(type="list", elements="int", default=[]),
             requests_per_stage=dict(type="int", default=2), output_len=dict(type="int", default=128),
             p99_context=dict(type="int", default=0),
@@ -188,11 +193,10 @@ def main():
         supports_check_mode=False,
     )
     p = module.params
-    try:
-        with open(p["plan_file"]) as handle:
-            plan_args = json.load(handle)["engine_args"]
-    except (OSError, ValueError, KeyError) as exc:
-        module.fail_json(msg="%s: cannot read the plan's engine_args: %s" % (p["plan_file"], exc))
+    plan_args = p["engine_args"]
+    if not all(isinstance(plan_args.get(key), int) and plan_args[key] > 0 for key in ("max_num_seqs", "max_model_len")):
+        module.fail_json(msg="engine_args must hold the plan's max_num_seqs and max_model_len as positive integers, "
+                             "got %r: pass the plan the instance runs (its plan file's engine_args)" % plan_args)
     context = min(p["p99_context"] or plan_args["max_model_len"], plan_args["max_model_len"])
     p["input_len"] = context - p["output_len"]
     p["peak_concurrency"] = p["peak_concurrency"] or plan_args["max_num_seqs"]
