@@ -20,7 +20,7 @@ SCENARIOS := $(BESIDE_ORACLE) $(AFTER_ORACLE) $(ALONE)
 
 .PHONY: help venv host image wheelhouse controller-vllm oracle-vllm vllm-source models controller-check fleet-deps prometheus-tools lint unit sanity check oracle molecule \
 	scenarios-beside-oracle oracle-lane scenarios-alone \
-	test demo bench probe-multinode clean
+	test demo bench probe-multinode clean readmes
 
 help:
 	@echo "make demo   deploy to a local test fleet and show the result"
@@ -135,3 +135,7 @@ probe-multinode: image models
 
 clean:
 	for s in $(SCENARIOS); do $(BIN)/molecule destroy -s $$s || true; done
+
+# Each role's README.md: its generated part (entry points, variables) from defaults and argument specs.
+readmes: venv
+	$(BIN)/python tools/role_readme.py
