@@ -40,7 +40,8 @@ host:
 	bash scripts/setup-host.sh
 image: host
 	bash scripts/build-image.sh
-wheelhouse:
+# After the venv: the script's python3 is the venv's (PATH above), which `make -j2 check fleet-deps` creates meanwhile.
+wheelhouse: venv
 	bash scripts/build-wheelhouse.sh
 controller-vllm: wheelhouse
 	bash scripts/build-controller-vllm.sh
