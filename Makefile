@@ -40,13 +40,13 @@ host:
 	bash scripts/setup-host.sh
 image: host
 	bash scripts/build-image.sh
-# After the venv: the script's python3 is the venv's (PATH above), which `make -j2 check fleet-deps` creates meanwhile.
+# After the venv: the scripts' python3 is the venv's (PATH above), which `make -j2 check fleet-deps` creates meanwhile.
 wheelhouse: venv
 	bash scripts/build-wheelhouse.sh
 controller-vllm: wheelhouse
 	bash scripts/build-controller-vllm.sh
 # The oracle's second release of the CPU build (scripts/lib.sh VLLM_ORACLE_VERSION).
-oracle-vllm:
+oracle-vllm: venv
 	bash scripts/build-oracle-vllm.sh
 MAKE_MODEL := $(VLLM_FLEET_CACHE)/vllm-venv/bin/python scripts/make_test_model.py
 models: controller-vllm
