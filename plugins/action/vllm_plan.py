@@ -1,23 +1,23 @@
 # Copyright: contributors to vllm-fleet
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Plan every instance of a host with the vllm_sizing filter, on the controller (documentation:
-library/vllm_plan.py).
+plugins/modules/vllm_plan.py).
 
 An action, not tasks: the plan was four tasks per host (the serve-options check, config.json, the plan, the plan again
 with the calibration store), each paying Ansible's per-host cost and Jinja's, which made playbooks/plan.yml 18 times
-Ansible's floor at 200 hosts. The arithmetic stays in the filters, called here through Ansible's filter loader; the
-host is contacted only to read config.json of a model directory.
+Ansible's floor at 200 hosts. The arithmetic stays in the sizing package the filters use (plugin_utils/vllm_sizing), one
+call per instance; the host is contacted only to read config.json of a model directory.
 """
 from __future__ import annotations
 
 import base64
-import glob
 import json
 import os
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
-from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.calibration import calibration_key
+from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.calibration import (calibration_key,
+                                                                                      key_prefix)
 from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.flags import vllm_serve_args
 from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.plan import vllm_sizing
 from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.shape import vllm_model
@@ -49,13 +49,20 @@ def clash_message(host, serve_options, owned):
         host, ", ".join("%s (set %s instead)" % (key, owned[key]) for key in clash))
 
 
-def store_entry(directory, host, instance):
-    """The calibration store's entry to plan with: this host's and instance's own, else the first of another host of
-    the same configuration (same directory), else None."""
-    own = os.path.join(directory, "%s-%s.json" % (host, instance))
-    if os.path.isfile(own):
-        return own
-    return next(iter(sorted(glob.glob(os.path.join(directory, "*.json")))), None)
+def store_entries(directory, prefix, host, instance):
+    """The calibration store's entries the sizing may plan an instance with: for every configuration of its GPU type
+    and model (under prefix), this host's and instance's own entry, else the first of another host. Returns (starts,
+    load tests), lists of paths. The sizing uses each entry for its own configuration (its key), so a plan that moves
+    on to another configuration (a fallback) finds that one's measurements too."""
+    starts, loadtests = [], []
+    for path, dirs, files in sorted(os.walk(os.path.join(directory, prefix))):
+        dirs.sort()
+        names = sorted(name for name in files if name.endswith(".json"))
+        if names:
+            own = "%s-%s.json" % (host, instance)
+            (loadtests if os.path.basename(path) == "loadtest" else starts).append(
+                os.path.join(path, own if own in names else names[0]))
+    return starts, loadtests
 
 
 def hold_back(plans, running, runs_as):
@@ -71,8 +78,6 @@ def hold_back(plans, running, runs_as):
 
 
 def read_entry(path):
-    if path is None:
-        return None
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
@@ -113,26 +118,27 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail(message)
         config = self._model_config(args, task_vars)
 
-        def plan(instance, measured=None, loadtest=None):
+        plans, entries = {}, {}
+        for instance in args["instances"]:
             gpus = [gpu for gpu in args["gpus"] if gpu["index"] in instance["gpus"]]
+            found = ([], [])
+            if args["calibration_dir"]:
+                # What starts and load tests of this GPU type and model measured, for every configuration the plan
+                # may run: the sizing takes the entry of the configuration it chooses (one call per decision).
+                prefix = key_prefix(" + ".join(sorted({str(gpu.get("name")) for gpu in gpus})), args["model_path"])
+                found = store_entries(args["calibration_dir"], prefix, host, instance["name"])
             policy = dict(args["policy"], host="%s (instance %s)" % (host, instance["name"]),
                           model=args["model_path"], vllm_version=args["version"],
                           serve_options=args["serve_options"], strict=args["strict"],
-                          measured=measured, loadtest=loadtest)
-            return vllm_sizing(gpus, config, args["workload"], policy)
-
-        plans, entries = {}, {}
-        for instance in args["instances"]:
-            plans[instance["name"]] = plan(instance)
-            if args["calibration_dir"]:
-                # What a start, and a load test, of the configuration this plan runs measured: the first plan
-                # names the configuration (its key), the second plans with the measurements.
-                directory = os.path.join(args["calibration_dir"], calibration_key(plans[instance["name"]]))
-                found = (store_entry(directory, host, instance["name"]),
-                         store_entry(os.path.join(directory, "loadtest"), host, instance["name"]))
-                if any(found):
-                    entries[instance["name"]] = [path for path in found if path]
-                    plans[instance["name"]] = plan(instance, *map(read_entry, found))
+                          measured=[read_entry(path) for path in found[0]],
+                          loadtest=[read_entry(path) for path in found[1]])
+            plans[instance["name"]] = vllm_sizing(gpus, config, args["workload"], policy)
+            # Report the entries of the configuration planned: the ones the plan could use.
+            key = os.path.join(args["calibration_dir"], calibration_key(plans[instance["name"]]))
+            used = [path for path in found[0] + found[1]
+                    if os.path.dirname(path) in (key, os.path.join(key, "loadtest"))]
+            if used:
+                entries[instance["name"]] = used
         later = {}
         if args["running"]:  # after a start only: plan.yml and preflight pass none
             plans, later = hold_back(plans, args["running"], lambda p: (vllm_serve_args(p, {}), p.get("env")))

@@ -97,6 +97,32 @@ def test_a_store_entry_applies_to_its_own_configuration_only():
                                                {"model": "Qwen/Qwen3-8B", "measured": other})
 
 
+def test_each_configuration_tried_takes_its_own_entry_in_one_call():
+    """The store's entries of every configuration go in at once (what the vllm_plan action passes): the plan takes the
+    one of the configuration it tries, so a plan that moves on to a fallback plans it with that fallback's own
+    measurement (issue 27: one sizing call per decision; the action used to plan, pick the first plan's entry, and
+    plan again)."""
+    workload, policy = {"p99_context": 8192, "peak_concurrency": 4}, {"model": "Qwen/Qwen3-8B"}
+    fp8 = sz.calibration.key_fields(vs.vllm_sizing(A10G, QWEN3, workload, policy))
+    assert fp8["kv_cache_dtype"] == "fp8"  # the model's dtype does not hold 4 x 8192 tokens on an A10G
+
+    def entry(fields, host, gib_kv):
+        return {"key": sz.calibration.key_path(fields), "host": host, "instance": "main",
+                "started_at": "Fri 2026-12-04 15:37:28 UTC",
+                "report": {"available_kv_cache_bytes": gib_kv << 30, "kv_cache_device": "CPU"}}
+    auto = dict(fp8, kv_cache_dtype="auto")
+    roomy = vs.vllm_sizing(A10G, QWEN3, workload, dict(policy, measured=[entry(fp8, "gpu-2", 6),
+                                                                         entry(auto, "gpu-1", 8)]))
+    assert roomy["engine_args"]["kv_cache_dtype"] == "auto" and roomy["calibration"]["source"]["host"] == "gpu-1"
+    tight = vs.vllm_sizing(A10G, QWEN3, workload, dict(policy, measured=[entry(auto, "gpu-1", 1),
+                                                                         entry(fp8, "gpu-2", 6)]))
+    assert tight["engine_args"]["kv_cache_dtype"] == "fp8" and tight["budget_per_gpu"]["kv_cache_bytes"] == 6 << 30
+    assert tight["calibration"]["source"]["host"] == "gpu-2" and tight["calibration"]["used"]
+    with pytest.raises(AnsibleFilterError, match="a list takes calibration store entries"):
+        vs.vllm_sizing(A10G, QWEN3, workload, dict(policy, measured=[{"available_kv_cache_bytes": 1},
+                                                                     {"available_kv_cache_bytes": 2}]))
+
+
 def test_calibration_key_names_the_configuration():
     plan = vs.vllm_sizing(A10G, QWEN3, {"p99_context": 4096}, {"model": "/srv/models/Qwen3-8B/"})
     assert sz.calibration.calibration_key(plan) == (

@@ -43,12 +43,19 @@ def _word(text):
     return re.sub(r"[^a-z0-9._-]+", "-", str(text).lower()).strip("-") or "none"
 
 
+def key_prefix(gpu, model):
+    """The store's directory of every configuration of a GPU type and a model (a local model by its directory's
+    name): the first two levels of key_path."""
+    model = str(model)
+    model = model.rstrip("/").split("/")[-1] if model.startswith("/") else model
+    return "/".join([_word(gpu), _word(model)])
+
+
 def key_path(fields):
     """The store's directory of a configuration: gpu/model/vllm-version/tpN-ppM[-nK]-dtype-quant-kv-bN-mode, nK for
     a replica group of K hosts (its cross-host buffers are not a single host's of the same layout)."""
-    model = fields["model"].rstrip("/").split("/")[-1] if fields["model"].startswith("/") else fields["model"]
     nodes = ["n%d" % fields["nodes"]] if fields.get("nodes", 1) > 1 else []
-    return "/".join([_word(fields["gpu"]), _word(model), "vllm-" + _word(fields["vllm_version"]), "-".join([
+    return "/".join([key_prefix(fields["gpu"], fields["model"]), "vllm-" + _word(fields["vllm_version"]), "-".join([
         "tp%d" % fields["tensor_parallel_size"], "pp%d" % fields["pipeline_parallel_size"], *nodes,
         _word(fields["dtype"]),
         _word(fields["quantization"]), "kv-" + _word(fields["kv_cache_dtype"]),
@@ -90,6 +97,16 @@ def measurement(value):
              % (total,))
     source = {k: entry[k] for k in ("host", "instance", "started_at") if entry.get(k) is not None}
     return {"report": report, "key": key, "source": source, "request": request}
+
+
+def measurements(entries):
+    """policy.measured's entries checked at the door. Store entries name their configuration (each is used for its
+    own); a bare report holds for the first configuration tried, so it comes alone."""
+    found = [measurement(entry) for entry in entries]
+    if len(found) > 1 and any(m["key"] is None for m in found):
+        fail("policy.measured: a list takes calibration store entries (each with its key), not bare "
+             "vllm_startup_report dicts; pass one report alone")
+    return found
 
 
 def applies(measured, attempt):

@@ -11,7 +11,7 @@ from .kv import parse_capability
 
 # key: (kind, default, description for messages). Kinds: int (>= 1), bytes (>= 0), bool, str, dict, fraction
 # (common.as_utilization: 0 < x < 1), choice (a tuple of values), block (a positive int, the version's choices
-# checked by kv_layout).
+# checked by kv_layout), entries (a dict or a list of dicts, given as a list).
 WORKLOAD = {
     "p99_context": ("int", None, "tokens of the 99th-percentile request, prompt plus completion"),
     "peak_concurrency": ("int", None, "concurrent sequences at peak"),
@@ -48,8 +48,9 @@ POLICY = {
     "activation_bytes": ("bytes", None, "measured activation peak per GPU"),
     "cuda_graph_bytes": ("bytes", None, "measured CUDA graph memory per GPU"),
     "non_torch_bytes": ("bytes", None, "measured non-torch memory per GPU"),
-    "measured": ("dict", None, "a vllm_startup_report or calibration store entry of this configuration"),
-    "loadtest": ("dict", None, "a load-test entry of the calibration store (its loadtest/ directory)"),
+    "measured": ("entries", None, "calibration store entries (each used for its own configuration), or one "
+                 "vllm_startup_report of the first configuration tried"),
+    "loadtest": ("entries", None, "load-test entries of the calibration store (its loadtest/ directories)"),
 }
 
 
@@ -66,6 +67,10 @@ def _value(kind, value, field):
         return value
     if kind == "dict":
         return as_dict(value, field)
+    if kind == "entries":
+        if isinstance(value, (list, tuple)):
+            return [as_dict(entry, "%s[%d]" % (field, i)) for i, entry in enumerate(value)]
+        return [as_dict(value, field)]
     if kind == "fraction":
         return as_utilization(value, field)
     if value not in kind:

@@ -35,10 +35,11 @@ def _attempt(ctx, tp, kv_dtype, seqs):
                     ctx["device"])
     budget = memory_budget(lay, ctx, seqs)
     measured = None
-    if ctx["measured"] is not None and calibration.applies(ctx["measured"], {
-            "first": tp == ctx["tp_start"] and kv_dtype == ctx["policy"]["kv_cache_dtype"],
-            "fields": _key_fields(ctx, tp, kv_dtype)}):
-        budget, measured = calibration.measured_budget(budget, ctx["measured"], ctx["utilization"], ctx["total_mib"],
+    attempt = {"first": tp == ctx["tp_start"] and kv_dtype == ctx["policy"]["kv_cache_dtype"],
+               "fields": _key_fields(ctx, tp, kv_dtype)}
+    entry = next((m for m in ctx["measured"] if calibration.applies(m, attempt)), None)
+    if entry is not None:
+        budget, measured = calibration.measured_budget(budget, entry, ctx["utilization"], ctx["total_mib"],
                                                        lay["row"], startup_plan(ctx, lay["row"]))
     kv = budget["kv_cache_bytes"]
     fit_len = _fitting(lay, kv, ctx["target_len"])
@@ -80,15 +81,17 @@ def _loadtest_cap(ctx, result):
     The key does not move: max_num_seqs is not part of it, and max_num_batched_tokens (which is) was settled from
     the uncapped max_num_seqs. So the next plan finds the same entry and caps again, instead of an uncapped plan
     and a capped one taking turns."""
-    if ctx["loadtest"] is None:
+    fields = _key_fields(ctx, result["tp"], result["kv_dtype"])
+    found = next(((entry, cap) for entry in ctx["loadtest"]
+                  for cap in [calibration.loadtest_cap(entry, fields, ctx["p99"] or result["max_model_len"])]
+                  if cap is not None), None)
+    if found is None or found[1][0] >= result["max_num_seqs"]:
         return result
-    cap = calibration.loadtest_cap(ctx["loadtest"], _key_fields(ctx, result["tp"], result["kv_dtype"]),
-                                   ctx["p99"] or result["max_model_len"])
-    if cap is None or cap[0] >= result["max_num_seqs"]:
-        return result
-    capped = _attempt(ctx, result["tp"], result["kv_dtype"], cap[0])
-    capped["loadtest"] = {"held_concurrency": cap[0], "uncapped_max_num_seqs": result["max_num_seqs"],
-                          "source": cap[1]}
+    entry, (held, source) = found
+    capped = _attempt(ctx, result["tp"], result["kv_dtype"], held)
+    capped["loadtest"] = {"held_concurrency": held, "uncapped_max_num_seqs": result["max_num_seqs"],
+                          "source": source}
+    capped["loadtest_entry"] = entry
     return capped
 
 
@@ -172,8 +175,8 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
            "nodes": nodes, "gpus_per_node": gpu_count // nodes,
            "extensible": row["extensible_kv_cache"], "target_len": target, "floor_len": floor,
            "p99": p99, "peak": peak, "serve": serve, "tp_start": tp_start,
-           "measured": calibration.measurement(policy["measured"]) if policy["measured"] else None,
-           "loadtest": calibration.loadtest(policy["loadtest"]) if policy["loadtest"] else None,
+           "measured": calibration.measurements(policy["measured"] or []),
+           "loadtest": [calibration.loadtest(entry) for entry in policy["loadtest"] or []],
            "device": device,
            "min_seqs": policy["min_num_seqs"] or max(1, (peak or 0) // 2)}
     ctx["utilization"] = leave_headroom(ctx, tp_start, applied, warnings)
@@ -273,7 +276,7 @@ def _plan(ctx, result, fits, tried):
     if result["kv_dtype"].startswith("fp8"):
         warnings.append("fp8 KV cache: a small quality cost; check your evaluations")
     if result.get("loadtest"):
-        applied.append(calibration.describe_loadtest(ctx["loadtest"], result["loadtest"],
+        applied.append(calibration.describe_loadtest(result["loadtest_entry"], result["loadtest"],
                                                      result["loadtest"]["uncapped_max_num_seqs"]))
     elif ctx["peak"] and result["max_num_seqs"] < ctx["peak"]:
         applied.append("max_num_seqs %d (peak concurrency %d does not fit at context %d; floor %d)"
@@ -446,7 +449,7 @@ def _hosts_hint(ctx, result):
         pp = stages * hosts
         if pp > shape["layers"]:
             break
-        group = dict(ctx, pp=pp, nodes=hosts, measured=None, loadtest=None)
+        group = dict(ctx, pp=pp, nodes=hosts, measured=[], loadtest=[])
         group["utilization"] = leave_headroom(group, tp, [], [])
         attempt = _attempt(group, tp, result["kv_dtype"], result["max_num_seqs"])
         if _fits_workload(attempt, group) or _fewer_seqs(attempt, group, tp):
