@@ -72,12 +72,20 @@ def stage_summary(concurrency, result, samples, timed_out=False):
     return summary
 
 
-def kv_capacity(num_blocks, block_size, context):
+def kv_capacity(num_blocks, block_size, context, blocks_per_request=None):
     """Requests of `context` tokens the KV cache holds at once: vLLM's own block count (vllm:cache_config_info)
-    less the null block it reserves, in whole requests. None when the server did not say."""
+    less the null block it reserves, in whole requests. None when the server did not say.
+
+    blocks_per_request: the plan's kv_blocks_per_request ({context, blocks}: the sizing's count of the pool's blocks
+    one request takes, summed over its layer groups), used when it is of this context; else one block per block_size
+    tokens, right for one group of full attention only (gpt-oss-20b at 8192 tokens takes 257 blocks of 64, not
+    128: counted that way the load test saw twice the room its cache has)."""
     if not num_blocks or not block_size or not context:
         return None
-    return (num_blocks - 1) // -(-context // block_size)
+    per_request = -(-context // block_size)
+    if blocks_per_request and blocks_per_request.get("context") == context and blocks_per_request.get("blocks"):
+        per_request = blocks_per_request["blocks"]
+    return max(0, num_blocks - 1) // per_request
 
 
 def _kv_bound(stage, max_num_seqs, capacity):

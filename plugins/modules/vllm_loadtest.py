@@ -35,6 +35,13 @@ options:
       - The vllm role passes the plan file of the host, read once by its tasks/running_plans.yml.
     type: dict
     required: true
+  kv_blocks_per_request:
+    description:
+      - The plan's C(kv_blocks_per_request) (C({context, blocks})) - the blocks of vLLM's pool one request of the
+        plan's context takes, summed over the model's layer groups (sliding-window models have several). vLLM's
+        block count divided by it is what the cache holds; without it, or at another context, a request is counted
+        a block per C(block_size) tokens (right for full attention only).
+    type: dict
   concurrency:
     description: Concurrency of each stage (run lowest first); empty for O(peak_concurrency) then the plan's max_num_seqs.
     type: list
@@ -184,7 +191,7 @@ def main():
             unit=dict(type="str", required=True), port=dict(type="int", required=True),
             python=dict(type="path", required=True), model=dict(type="str", required=True),
             served_model_name=dict(type="str", required=True), hf_home=dict(type="path"), api_key=dict(type="str", default="", no_log=True),
-            engine_args=dict(type="dict", required=True),
+            engine_args=dict(type="dict", required=True), kv_blocks_per_request=dict(type="dict"),
             concurrency=dict(type="list", elements="int", default=[]),
             requests_per_stage=dict(type="int", default=2), output_len=dict(type="int", default=128),
             p99_context=dict(type="int", default=0),
@@ -205,7 +212,7 @@ def main():
         module.fail_json(msg="%s: nothing to test: prompts of %d tokens (p99 context %d minus %d generated), "
                              "concurrency %s" % (p["unit"], p["input_len"], context, p["output_len"], levels))
     blocks, block_size = cache_config(p["port"])
-    capacity = kv_capacity(blocks, block_size, context)
+    capacity = kv_capacity(blocks, block_size, context, p["kv_blocks_per_request"])
     started = datetime.datetime.now(datetime.timezone.utc)
     start = time.time()
     workdir = tempfile.mkdtemp(prefix="vllm-loadtest-")

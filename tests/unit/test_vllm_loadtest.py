@@ -52,6 +52,10 @@ def test_the_same_run_passes_a_plan_of_max_num_seqs_4():
 def test_vllms_cache_size_tells_a_full_cache_from_a_busy_step():
     # What vllm:cache_config_info said on that server: 40 blocks of 128 -> 4 requests of 1024 tokens.
     assert vllm_loadtest.kv_capacity(40, 128, 1024) == 4 and vllm_loadtest.kv_capacity(None, 128, 1024) is None
+    # A sliding-window model: the plan's count over its layer groups, when the test runs at the plan's context.
+    windowed = {"context": 1024, "blocks": 5}
+    assert vllm_loadtest.kv_capacity(40, 128, 1024, windowed) == 7
+    assert vllm_loadtest.kv_capacity(40, 128, 2048, windowed) == 2
     plan = {"max_num_seqs": 8, "max_model_len": 1024}
     found = vllm_loadtest.verdict(stages(), [], plan, 1024, 8, BOUNDS, capacity=4)
     assert found["held_concurrency"] == 4 and "(vLLM's cache: 4 at that context)" in found["broken"][0]["message"]
@@ -140,3 +144,22 @@ def test_a_short_stage_that_saw_the_queue_once_still_fails_a_cache_too_small():
     assert "vLLM ran at most 5 and kept 3 waiting at concurrency 8" in found["broken"][0]["message"]
     # Without the block count one sample of waiting is not enough (it can be the step's token budget).
     assert vllm_loadtest.verdict(report["stages"], [], report["plan"], 1024, 8, report["bounds"])["passed"]
+
+
+@pytest.mark.parametrize("model", ["openai/gpt-oss-20b", "google/gemma-3-27b-it", "Qwen/Qwen3-8B"])
+def test_the_load_test_counts_what_the_plan_counts(model):
+    """What the load test says the cache holds (vLLM's block count over the plan's kv_blocks_per_request) is the
+    sizing's own count of it, for sliding-window models too (issue 27: the load test's copy ignored them, and counted
+    gpt-oss-20b's 8192-token requests as 128 blocks of 64 where they take 257)."""
+    import vllm_sizing as vs
+    from conftest import gpu
+    sz = vs.package()
+    h100 = [gpu("NVIDIA H100 80GB HBM3", 81559, "9.0")]
+    plan = vs.vllm_sizing(h100, vs.vllm_model(model), {"p99_context": 8192, "peak_concurrency": 8}, {"model": model})
+    lay = sz.kv.kv_layout(sz.shape.model_shape(vs.vllm_model(model)), 1, 1, "auto", plan["block_size"],
+                          plan["engine_args"]["max_num_batched_tokens"], None, plan["vllm_version"],
+                          {"type": "cuda", "capability": (9, 0), "cpu_flags": None})
+    held = sz.kv.kv_capacity(lay, plan["budget_per_gpu"]["kv_cache_bytes"], 8192)
+    assert plan["kv_blocks_per_request"] == {"context": 8192, "blocks": held["blocks_per_request"]}
+    assert vllm_loadtest.kv_capacity(held["num_blocks"], plan["block_size"], 8192,
+                                     plan["kv_blocks_per_request"]) == held["held"]

@@ -367,8 +367,9 @@ def test_plan_keys(a10g):
     plan = plan_for(a10g, workload={"p99_context": 4096, "peak_concurrency": 2}, host="a10-1")
     assert set(plan) == {"fits", "reason", "vllm_version", "host", "model", "gpus", "engine_args", "env",
                          "budget_per_gpu", "block_size", "attention_backend", "kv_cache_tokens",
-                         "concurrency_at_max_model_len", "concurrency_limit", "kv_bytes_per_request", "applied",
-                         "warnings"}
+                         "concurrency_at_max_model_len", "concurrency_limit", "kv_blocks_per_request",
+                         "kv_bytes_per_request", "applied", "warnings"}
+    assert plan["kv_blocks_per_request"] == {"context": 4096, "blocks": 4096 // 64}
     assert set(plan["engine_args"]) == {"model", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
                                         "max_num_batched_tokens", "kv_cache_dtype", "tensor_parallel_size",
                                         "enforce_eager", "block_size"}

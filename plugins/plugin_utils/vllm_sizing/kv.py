@@ -401,12 +401,15 @@ def fitting_max_len(lay, kv_cache_bytes, upper, check=None):
 
 
 def kv_capacity(lay, kv_cache_bytes, max_model_len):
-    """num_blocks, per-request blocks, KV tokens and concurrency as vLLM logs them."""
+    """num_blocks, per-request blocks (summed over the layer groups), KV tokens and concurrency as vLLM logs them,
+    and the requests of that length the cache holds at once (`held`: the null block is never handed out), the one
+    count of it."""
     num_blocks = min(kv_cache_bytes // stage_block_bytes(lay, stage) for stage in lay["stages"])
     per_request = sum(_blocks(w, max_model_len, lay["in_flight"], lay["kv_block"]) for w, _layers in lay["groups"])
     concurrency = num_blocks / per_request
     return {"num_blocks": num_blocks, "blocks_per_request": per_request,
-            "tokens": int(concurrency * max_model_len), "concurrency": concurrency}
+            "tokens": int(concurrency * max_model_len), "concurrency": concurrency,
+            "held": max(0, num_blocks - 1) // per_request}
 
 
 def check_message(lay, max_model_len, failed):

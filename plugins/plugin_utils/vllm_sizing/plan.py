@@ -55,9 +55,8 @@ def _attempt(ctx, tp, kv_dtype, seqs):
         return result
     result["capacity"] = kv_capacity(lay, kv, length)
     if ctx["peak"]:
-        held = kv_capacity(lay, kv, ctx["p99"] or length)
-        # The null block is never handed out; the rest must hold the peak at p99 context.
-        result["seqs_that_fit"] = (held["num_blocks"] - 1) // held["blocks_per_request"]
+        # The cache must hold the peak at p99 context.
+        result["seqs_that_fit"] = kv_capacity(lay, kv, ctx["p99"] or length)["held"]
     return result
 
 
@@ -329,6 +328,7 @@ def _plan(ctx, result, fits, tried):
         "1.0 (extensible KV cache; it logs a warning for values below 1.0, the headroom stays for prefill spikes "
         "and other processes)") if row["extensible_kv_cache"] else row["utilization"]))
     capacity = result.get("capacity") or {"tokens": 0, "concurrency": 0.0}
+    limit, blocks_per_request = _held(ctx, result, length)
     plan = {
         "fits": fits, "reason": "", "vllm_version": ctx["version"], "host": ctx["host"], "model": _model_arg(ctx),
         "gpus": {"name": ctx["gpu_name"], "count": ctx["gpu_count"], "used": tp * pp,
@@ -337,7 +337,8 @@ def _plan(ctx, result, fits, tried):
         "block_size": lay["block_size"], "attention_backend": lay["attention"]["backend"],
         "kv_cache_tokens": capacity["tokens"],
         "concurrency_at_max_model_len": round(capacity["concurrency"], 2),
-        "concurrency_limit": _concurrency_limit(ctx, result, length),
+        "concurrency_limit": limit,
+        "kv_blocks_per_request": blocks_per_request,
         "kv_bytes_per_request": request_bytes(lay, length),
         "applied": applied, "warnings": warnings,
     }
@@ -371,14 +372,19 @@ def _where(ctx, tp, pp):
         ctx["nodes"], ctx["gpu_count"] // ctx["nodes"], ctx["gpu_name"], tp, pp)
 
 
-def _concurrency_limit(ctx, result, length):
-    """The most requests the instance serves at once without its KV cache running out at the workload's p99
-    context (else at max_model_len), and never more than max_num_seqs: the limit the balancer holds it to (vLLM would
-    queue the rest inside, or preempt and recompute them). At least 1."""
+def _held(ctx, result, length):
+    """(concurrency_limit, kv_blocks_per_request) at the workload's p99 context (else at max_model_len).
+
+    concurrency_limit: the most requests the instance serves at once without its KV cache running out there, and
+    never more than max_num_seqs: the limit the balancer holds it to (vLLM would queue the rest inside, or preempt
+    and recompute them), at least 1. kv_blocks_per_request: the blocks of the pool one such request takes, summed
+    over the layer groups, which the load test divides vLLM's own block count by."""
     if result["max_model_len"] is None:
-        return 1
-    held = kv_capacity(result["lay"], result["budget"]["kv_cache_bytes"], ctx["p99"] or length)
-    return max(1, min(result["max_num_seqs"], (held["num_blocks"] - 1) // held["blocks_per_request"]))
+        return 1, None
+    context = ctx["p99"] or length
+    held = kv_capacity(result["lay"], result["budget"]["kv_cache_bytes"], context)
+    return (max(1, min(result["max_num_seqs"], held["held"])),
+            {"context": context, "blocks": held["blocks_per_request"]})
 
 
 def _serve_warnings(ctx, budget, warnings):
@@ -479,8 +485,7 @@ def _quantization_hint(ctx, result):
         smaller = gpu_weight_bytes(variant, lay["tp"], lay["pp"], bool(ctx["serve"].get("enable_expert_parallel")))
         kv = memory_budget(lay, ctx, result["max_num_seqs"], smaller)["kv_cache_bytes"]
         if _fitting(lay, kv, ctx["target_len"]) >= ctx["floor_len"]:
-            held = kv_capacity(lay, kv, ctx["p99"] or ctx["floor_len"])
-            if (held["num_blocks"] - 1) // held["blocks_per_request"] >= (ctx["peak"] or 1):
+            if kv_capacity(lay, kv, ctx["p99"] or ctx["floor_len"])["held"] >= (ctx["peak"] or 1):
                 return ("suggestion: %s checkpoint of this model would fit (about %s of weights per GPU instead of %s)"
                         % (label, gib(smaller), gib(weights)))
     return "even a 4-bit checkpoint would not fit: more or larger GPUs are needed"
