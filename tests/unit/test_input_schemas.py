@@ -57,3 +57,13 @@ def test_the_role_and_the_documentation_describe_the_sizings_schema(schema, role
 def test_the_roles_kv_cache_dtypes_are_the_ones_the_sizing_sizes():
     """Which of them a release takes is the release table's (checked_kv_dtype): the role refuses none it sizes."""
     assert set(role_options("vllm_policy")["kv_cache_dtype"]["choices"]) == set(KV_DTYPE_BYTES)
+
+
+def test_the_door_returns_frozen_values_with_every_key_filled_in():
+    import dataclasses
+    policy = inputs.policy({"gpu_sharing": "shared"})
+    assert [f.name for f in dataclasses.fields(policy)] == list(inputs.POLICY)
+    assert policy.gpu_sharing == "shared" and policy.strict is True and policy.measured is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.gpu_sharing = "dedicated"
+    assert inputs.workload({"p99_context": 4096}).peak_concurrency is None

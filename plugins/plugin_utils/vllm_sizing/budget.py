@@ -83,15 +83,15 @@ def sampler_bytes(row, runner, flashinfer):
 
 def choose_utilization(policy, applied):
     """gpu_memory_utilization for a checked policy (inputs.policy), said in `applied`."""
-    if policy["gpu_memory_utilization"] is not None:
-        value = policy["gpu_memory_utilization"]
+    if policy.gpu_memory_utilization is not None:
+        value = policy.gpu_memory_utilization
         applied.append("gpu_memory_utilization %.2f as set in the policy" % value)
         return value
-    sharing = policy["gpu_sharing"]
+    sharing = policy.gpu_sharing
     value = UTILIZATION[sharing]
     reason = {"exclusive": "nothing else runs on the GPUs", "dedicated": "dedicated GPUs",
               "shared": "GPUs shared with other processes"}[sharing]
-    if policy["runtime_ooms"] and value > UTILIZATION_AFTER_OOM:
+    if policy.runtime_ooms and value > UTILIZATION_AFTER_OOM:
         value, reason = UTILIZATION_AFTER_OOM, "runtime OOMs were reported"
     applied.append("gpu_memory_utilization %.2f: %s" % (value, reason))
     return value
@@ -111,7 +111,7 @@ def leave_headroom(ctx, tp, applied, warnings):
     if cross is None or ctx["usable"] * (1 - utilization) >= cross["headroom"]:
         return utilization
     highest = math.floor((ctx["usable"] - cross["headroom"]) / ctx["usable"] * 100) / 100
-    if ctx["policy"]["gpu_memory_utilization"] is not None:
+    if ctx["policy"].gpu_memory_utilization is not None:
         warnings.append("gpu_memory_utilization %.2f leaves %d MiB a GPU outside vLLM's share; the cross-host "
                         "communication buffers need about %d MiB there: at most %.2f" % (
                             utilization, ctx["usable"] * (1 - utilization) // MiB, cross["headroom"] // MiB,
@@ -130,17 +130,17 @@ def memory_budget(lay, ctx, seqs, weights=None):
     if weights is None:
         weights = gpu_weight_bytes(shape, lay["tp"], lay["pp"], expert_parallel)
     weights = max(0, weights - int(ctx["serve"].get("cpu_offload_gb", 0) * GiB))
-    activation = policy["activation_bytes"]
+    activation = policy.activation_bytes
     if activation is None:
         moe_tokens = min(batched, row["moe_chunk"] or batched)
         activation = _activation(shape, lay["tp"], lay["pp"], batched, min(batched, seqs), moe_tokens,
-                                 expert_parallel, sampler_bytes(row, lay["runner"], policy["flashinfer_sampler"]))
-    graphs = policy["cuda_graph_bytes"]
+                                 expert_parallel, sampler_bytes(row, lay["runner"], policy.flashinfer_sampler))
+    graphs = policy.cuda_graph_bytes
     if graphs is None:
         graphs = _cuda_graphs(lay, seqs) if row["cuda_graph_estimate"][lay["runner"]] or ctx["extensible"] else 0
     if ctx["enforce_eager"]:
         graphs = 0
-    non_torch = policy["non_torch_bytes"]
+    non_torch = policy.non_torch_bytes
     if non_torch is None:
         regime = row["non_torch"]
         non_torch = NON_TORCH_BYTES[regime]

@@ -5,6 +5,8 @@ ranges, choices, defaults filled in). A misspelt key is refused with the accepte
 taken for a boolean. The rest of the package trusts what these functions return.
 """
 
+import dataclasses
+
 from .budget import UTILIZATION
 from .common import MiB, as_bool, as_dict, as_int, as_utilization, fail
 from .kv import parse_capability
@@ -89,14 +91,22 @@ def _checked(value, spec, field):
             for key, (kind, default, _doc) in spec.items()}
 
 
+# The clear values the door returns: one attribute per key of the schema above, frozen (the plan code reads them,
+# never changes them). tests/unit/test_input_schemas.py holds the filter's documentation and the vllm role's argument
+# specs to the same keys, types and choices.
+Workload = dataclasses.make_dataclass("Workload", list(WORKLOAD), frozen=True)
+Policy = dataclasses.make_dataclass("Policy", list(POLICY), frozen=True)
+
+
 def workload(value):
-    """The workload dict of vllm_sizing, checked."""
-    return _checked(value, WORKLOAD, "workload")
+    """The workload dict of vllm_sizing, checked into a Workload."""
+    return Workload(**_checked(value, WORKLOAD, "workload"))
 
 
 def policy(value):
-    """The policy dict of vllm_sizing, checked (kv_cache_dtype and block_size against the version in kv_layout)."""
-    return _checked(value, POLICY, "policy")
+    """The policy dict of vllm_sizing, checked into a Policy (kv_cache_dtype and block_size against the version in
+    kv_layout)."""
+    return Policy(**_checked(value, POLICY, "policy"))
 
 
 def gpu_group(gpus, usable_override):

@@ -19,7 +19,7 @@ LENGTH_STEP = 1024  # a shortened max_model_len is rounded down to a multiple of
 
 def startup_plan(ctx, row):
     """Whether the plan turns on vLLM's startup plan: the policy asks for it and the release has it."""
-    return ctx["policy"]["startup_plan"] and row["startup_plan"] is not None
+    return ctx["policy"].startup_plan and row["startup_plan"] is not None
 
 
 def _tp_candidates(shape, start, count, allow_more):
@@ -35,7 +35,7 @@ def _attempt(ctx, tp, kv_dtype, seqs):
                     ctx["device"])
     budget = memory_budget(lay, ctx, seqs)
     measured = None
-    attempt = {"first": tp == ctx["tp_start"] and kv_dtype == ctx["policy"]["kv_cache_dtype"],
+    attempt = {"first": tp == ctx["tp_start"] and kv_dtype == ctx["policy"].kv_cache_dtype,
                "fields": _key_fields(ctx, tp, kv_dtype)}
     entry = next((m for m in ctx["measured"] if calibration.applies(m, attempt)), None)
     if entry is not None:
@@ -102,24 +102,24 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
     """The vLLM plan for one host or GPU group: engine arguments, environment, memory budget, fit."""
     workload = inputs.workload(workload)
     policy = inputs.policy(policy)
-    version = resolve_version(policy["vllm_version"])
+    version = resolve_version(policy.vllm_version)
     row = VERSIONS[version]
-    serve = parse_serve_options(policy["serve_options"], version)
+    serve = parse_serve_options(policy.serve_options, version)
     shape = model_shape(model, serve.get("dtype"), serve.get("quantization"))
-    host = policy["host"]
+    host = policy.host
     where = ("host %s: " % host) if host else ""
-    name = policy["model"] or shape["name"]  # for messages; the model may have no name
+    name = policy.model or shape["name"]  # for messages; the model may have no name
     applied, warnings = [], []
     gpu_name, gpu_count, usable, capability, gpu_warnings, total_mib = inputs.gpu_group(gpus,
-                                                                                        policy["usable_memory_mib"])
+                                                                                        policy.usable_memory_mib)
     warnings.extend(gpu_warnings)
 
-    p99, peak = workload["p99_context"], workload["peak_concurrency"]
+    p99, peak = workload.p99_context, workload.peak_concurrency
     model_max = shape["max_len"]
     if p99 and p99 > model_max:
         fail("%s%s: workload.p99_context %d is longer than the model's maximum context %d "
              "(max_position_embeddings); no setting serves it" % (where, name, p99, model_max))
-    target = policy["max_model_len"] or workload["max_context"] or p99 or model_max
+    target = policy.max_model_len or workload.max_context or p99 or model_max
     if p99 and target < p99:
         fail("%s%s: max_model_len %d is shorter than workload.p99_context %d: requests that long would be "
              "rejected" % (where, name, target, p99))
@@ -130,36 +130,36 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
         applied.append("max_model_len sized to the workload (p99 context %d), not the model's maximum %d"
                        % (p99, model_max) if target == p99 else
                        "max_model_len target %d, may shrink down to the workload's p99 context %d" % (target, p99))
-    floor = min(target, p99 or policy["min_model_len"])
+    floor = min(target, p99 or policy.min_model_len)
 
     utilization = choose_utilization(policy, applied)
-    enforce_eager = policy["enforce_eager"]
+    enforce_eager = policy.enforce_eager
     if enforce_eager is None:
-        enforce_eager = policy["runtime_ooms"]
+        enforce_eager = policy.runtime_ooms
         if enforce_eager:
             applied.append("enforce_eager: CUDA graphs off after runtime OOMs (frees their memory)")
     default_batched, default_seqs = default_batch(row, usable, gpu_name, capability)
-    batched = policy["max_num_batched_tokens"] or default_batched
-    seqs = peak or policy["max_num_seqs"] or default_seqs
+    batched = policy.max_num_batched_tokens or default_batched
+    seqs = peak or policy.max_num_seqs or default_seqs
     if batched < seqs:
         applied.append("max_num_batched_tokens raised to max_num_seqs %d (vLLM requires at least that)" % seqs)
         batched = seqs
-    kv_dtype = checked_kv_dtype(version, policy["kv_cache_dtype"], "policy.kv_cache_dtype")
+    kv_dtype = checked_kv_dtype(version, policy.kv_cache_dtype, "policy.kv_cache_dtype")
     device = {"type": "cuda", "capability": capability, "cpu_flags": None}
-    refusal = kv_dtype_refusal(shape, version, device, policy["block_size"], kv_dtype)
+    refusal = kv_dtype_refusal(shape, version, device, policy.block_size, kv_dtype)
     if refusal:
-        fail("%s%s: policy.kv_cache_dtype %s%s: %s" % (where, name, kv_dtype, "" if policy["block_size"] is None
-                                                       else " with policy.block_size %d" % policy["block_size"],
+        fail("%s%s: policy.kv_cache_dtype %s%s: %s" % (where, name, kv_dtype, "" if policy.block_size is None
+                                                       else " with policy.block_size %d" % policy.block_size,
                                                        refusal))
     # The fallback to an fp8 KV cache where an attention backend of the release takes it on the GPU, and never below
     # Ampere: Triton's fp8 conversions, the only backend listing fp8 there, are not built for older GPUs.
-    allow_fp8 = (policy["allow_fp8_kv_cache"] and capability >= (8, 0)
-                 and not kv_dtype_refusal(shape, version, device, policy["block_size"], "fp8"))
-    nodes = policy["nodes"]
+    allow_fp8 = (policy.allow_fp8_kv_cache and capability >= (8, 0)
+                 and not kv_dtype_refusal(shape, version, device, policy.block_size, "fp8"))
+    nodes = policy.nodes
     if nodes > 1:
         tp_start, pp = _group_layout(shape, policy, gpu_count, version, where + name, warnings)
     else:
-        tp_start, pp = policy["tensor_parallel_size"], policy["pipeline_parallel_size"]
+        tp_start, pp = policy.tensor_parallel_size, policy.pipeline_parallel_size
     refusal = tp_refusal(shape, tp_start)
     if refusal:
         fail("%s%s: policy.tensor_parallel_size %d %s" % (where, name, tp_start, refusal))
@@ -169,22 +169,22 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
     ctx = {"shape": shape, "name": name, "host": host, "gpu_name": gpu_name, "gpu_count": gpu_count,
            "total_mib": total_mib,
            "applied": applied, "warnings": warnings, "version": version, "pp": pp,
-           "block_size": policy["block_size"], "batched": batched,
+           "block_size": policy.block_size, "batched": batched,
            "usable": usable, "utilization": utilization, "enforce_eager": enforce_eager, "policy": policy,
            "nodes": nodes, "gpus_per_node": gpu_count // nodes,
            "extensible": row["extensible_kv_cache"], "target_len": target, "floor_len": floor,
            "p99": p99, "peak": peak, "serve": serve, "tp_start": tp_start,
-           "measured": calibration.measurements(policy["measured"] or []),
-           "loadtest": [calibration.loadtest(entry) for entry in policy["loadtest"] or []],
+           "measured": calibration.measurements(policy.measured or []),
+           "loadtest": [calibration.loadtest(entry) for entry in policy.loadtest or []],
            "device": device,
-           "min_seqs": policy["min_num_seqs"] or max(1, (peak or 0) // 2)}
+           "min_seqs": policy.min_num_seqs or max(1, (peak or 0) // 2)}
     ctx["utilization"] = leave_headroom(ctx, tp_start, applied, warnings)
 
     # Fallbacks in order: shorter max_model_len (inside _attempt), fp8 KV cache, fewer max_num_seqs,
     # more tensor parallelism. Quantized weights can only be suggested.
     tried, chosen = [], None
     # A replica group's layout uses all of its GPUs: nothing larger to fall back to.
-    tp_candidates = _tp_candidates(shape, tp_start, gpu_count // pp, policy["allow_tensor_parallel"] and nodes == 1)
+    tp_candidates = _tp_candidates(shape, tp_start, gpu_count // pp, policy.allow_tensor_parallel and nodes == 1)
     for tp in tp_candidates:
         dtypes = [kv_dtype] + (["fp8"] if allow_fp8 and KV_DTYPE_BYTES[kv_dtype] != 1 else [])
         results = [_attempt(ctx, tp, d, seqs) for d in dtypes]
@@ -197,7 +197,7 @@ def vllm_sizing(gpus, model, workload=None, policy=None):
     if chosen is not None and peak and chosen["max_num_seqs"] < peak and not chosen.get("loadtest"):
         warnings.append(_peak_hint(ctx, chosen, tp_candidates[tp_candidates.index(chosen["tp"]) + 1:]))
     plan = _plan(ctx, chosen or tried[-1], chosen is not None, tried)
-    if not plan["fits"] and policy["strict"]:
+    if not plan["fits"] and policy.strict:
         fail("vllm_sizing: %s%s" % (where, plan["reason"]))
     return plan
 
@@ -206,14 +206,14 @@ def _group_layout(shape, policy, gpu_count, version, who, warnings):
     """Tensor and pipeline parallel sizes of one instance across policy.nodes hosts: all the group's GPUs
     (tensor x pipeline), by default tensor parallel inside each host and a pipeline stage per host. A tensor-parallel
     group either stays inside a host or spans whole hosts."""
-    nodes = policy["nodes"]
+    nodes = policy.nodes
     refusal = multi_node_refusal(version)
     if refusal:
         fail("%s: policy.nodes %d: %s" % (who, nodes, refusal))
     if gpu_count % nodes:
         fail("%s: policy.nodes %d: the group's %d GPUs are not as many on each host" % (who, nodes, gpu_count))
     per_node = gpu_count // nodes
-    tp, pp = policy["tensor_parallel_size"], policy["pipeline_parallel_size"]
+    tp, pp = policy.tensor_parallel_size, policy.pipeline_parallel_size
     if tp == 1 and pp == 1:
         tp, pp = per_node, nodes
     elif pp == 1 and gpu_count % tp == 0:
@@ -270,7 +270,7 @@ def _plan(ctx, result, fits, tried):
     if result["max_model_len"] is not None and length < ctx["target_len"]:
         applied.append("max_model_len %d: %d does not fit, %d is the longest that does (rounded down; floor %d)"
                        % (length, ctx["target_len"], result["fit_len"], ctx["floor_len"]))
-    if result["kv_dtype"] != ctx["policy"]["kv_cache_dtype"]:
+    if result["kv_dtype"] != ctx["policy"].kv_cache_dtype:
         applied.append("kv_cache_dtype fp8: halves KV bytes per token (the model's dtype did not fit)")
     if result["kv_dtype"].startswith("fp8"):
         warnings.append("fp8 KV cache: a small quality cost; check your evaluations")
@@ -310,7 +310,7 @@ def _plan(ctx, result, fits, tried):
     engine_args.update(ctx["serve"])
     _serve_warnings(ctx, budget, warnings)
     env = {}
-    if ctx["policy"]["expandable_segments"]:
+    if ctx["policy"].expandable_segments:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
         applied.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against allocator fragmentation")
         if tp * pp > 1:
@@ -405,7 +405,7 @@ def _serve_warnings(ctx, budget, warnings):
 
 def _model_arg(ctx):
     """What --model gets: policy.model, else the config's _name / _name_or_path (None: serve_args refuses)."""
-    return ctx["policy"]["model"] or ctx["shape"]["model_arg"]
+    return ctx["policy"].model or ctx["shape"]["model_arg"]
 
 
 def _misfit_reason(ctx, result, tried):
