@@ -16,8 +16,8 @@ import os
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
-from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.calibration import (calibration_key,
-                                                                                      key_prefix)
+from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.calibration import (
+    calibration_key, key_prefix)
 from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.flags import vllm_serve_args
 from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.plan import vllm_sizing
 from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.shape import vllm_model

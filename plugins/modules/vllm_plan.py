@@ -12,7 +12,7 @@ description:
     GPUs of the instance, the model's config.json, the workload and the policy.
   - When O(calibration_dir) is set, the filter gets the store's entries of every configuration of the instance's GPU
     type and model (for each, this host's and instance's own entry, else the first of another host; starts and load
-    tests, C(loadtest/)) and uses, for each configuration it tries, that configuration's own: one call per plan.
+    tests, C(loadtest/)) and uses, for each configuration it tries, that configuration's own - one call per plan.
   - Runs on the controller, in the run's own process; the host is contacted only to read C(config.json) of
     O(model_dir) when O(model_config) is empty. Changes nothing.
   - Fails naming the host when O(serve_options) sets an argument the role owns (O(serve_options_owned)), and with

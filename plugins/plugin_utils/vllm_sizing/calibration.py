@@ -47,7 +47,7 @@ def key_prefix(gpu, model):
     """The store's directory of every configuration of a GPU type and a model (a local model by its directory's
     name): the first two levels of key_path."""
     model = str(model)
-    model = model.rstrip("/").split("/")[-1] if model.startswith("/") else model
+    model = model.rstrip("/").rsplit("/", maxsplit=1)[-1] if model.startswith("/") else model
     return "/".join([_word(gpu), _word(model)])
 
 
