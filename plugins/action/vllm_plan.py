@@ -19,6 +19,7 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.calibration import (
     calibration_key, key_prefix)
 from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.flags import vllm_serve_args
+from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.inputs import group_name
 from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.plan import vllm_sizing
 from ansible_collections.vllm_fleet.fleet.plugins.plugin_utils.vllm_sizing.shape import vllm_model
 
@@ -125,7 +126,7 @@ class ActionModule(ActionBase):
             if args["calibration_dir"]:
                 # What starts and load tests of this GPU type and model measured, for every configuration the plan
                 # may run: the sizing takes the entry of the configuration it chooses (one call per decision).
-                prefix = key_prefix(" + ".join(sorted({str(gpu.get("name")) for gpu in gpus})), args["model_path"])
+                prefix = key_prefix(group_name(gpus), args["model_path"])
                 found = store_entries(args["calibration_dir"], prefix, host, instance["name"])
             policy = dict(args["policy"], host="%s (instance %s)" % (host, instance["name"]),
                           model=args["model_path"], vllm_version=args["version"],

@@ -109,6 +109,12 @@ def policy(value):
     return Policy(**_checked(value, POLICY, "policy"))
 
 
+def group_name(gpus):
+    """The name of a group of GPUs as plans and the calibration store's keys give it: "NVIDIA A10G", or the distinct
+    names joined by " + "."""
+    return " + ".join(sorted({str(gpu.get("name")) for gpu in gpus}))
+
+
 def gpu_group(gpus, usable_override):
     """(name, count, usable bytes per GPU, smallest compute capability, warnings, smallest nvidia-smi total in MiB or
     None) of the GPU facts of one group. usable_override: policy.usable_memory_mib (None: from the smallest GPU's
@@ -151,4 +157,4 @@ def gpu_group(gpus, usable_override):
         # listed, 79.2 GiB usable): budget from usable memory.
         smallest = min(totals)
         usable = (smallest - max(512, smallest // 100)) * MiB
-    return " + ".join(names), len(gpus), usable, min(capabilities), warnings, min(totals) if totals else None
+    return group_name(gpus), len(gpus), usable, min(capabilities), warnings, min(totals) if totals else None
